@@ -1,0 +1,55 @@
+"""The one family of errors a user can cause.
+
+Everything a user can get wrong (an unknown GPU name, a malformed YAML file, an impossible
+plan, a trace of the wrong format) raises a subclass of `TrainsimError`. The CLI turns any of
+them into one line on stderr and exit code 2; library users catch them like any exception.
+Messages name the offending field and value, and where they can, what would be valid.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class TrainsimError(Exception):
+    """Base class of every error caused by user input."""
+
+
+class UnknownNameError(TrainsimError, KeyError):
+    """A name (GPU, node, NIC, model, schedule, ...) that is not in its catalog."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DataFileError(TrainsimError):
+    """A data file (YAML, JSON, CSV, config.json) that is malformed or misses a field."""
+
+
+class SpecError(TrainsimError):
+    """A short specification string (e.g. a cluster spec) that cannot be parsed."""
+
+
+class PlanError(TrainsimError):
+    """A parallel plan that cannot run on the given model and cluster."""
+
+
+class SimulationError(TrainsimError):
+    """A program that cannot finish (deadlock) or is otherwise inconsistent."""
+
+
+class TraceError(TrainsimError):
+    """A measured trace of the wrong format, truncated, or of an unknown model."""
+
+
+def unknown_name(kind: str, name: str, valid: Iterable[str]) -> UnknownNameError:
+    """Build an error for an unknown `name` of `kind` listing the closest valid names."""
+    valid = sorted(valid)
+    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.4)
+    if not close:
+        lowered = name.lower()
+        close = [v for v in valid if lowered in v.lower() or v.lower() in lowered][:3]
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    listing = ", ".join(valid) if len(valid) <= 12 else ", ".join(valid[:12]) + ", ..."
+    return UnknownNameError(f"unknown {kind} {name!r}{hint} (valid: {listing})")

@@ -1,0 +1,1 @@
+"""Hardware: GPU catalog, nodes, links, clusters, DVFS/power and op cost models."""

@@ -1,0 +1,1 @@
+"""Planners that query the simulator as their cost oracle."""

@@ -1,0 +1,1 @@
+"""The discrete-event engine: program IR, schedules, collectives, engines and outputs."""

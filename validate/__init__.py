@@ -1,0 +1,1 @@
+"""Validation: profiling, real torch runs, trace import and prediction-vs-measurement reports."""

@@ -1,0 +1,1 @@
+"""Workloads: model graphs with op-level costs, parallel plans and lowering."""
