@@ -1,0 +1,482 @@
+"""ParallelPlan: how one training iteration is split over a cluster.
+
+A plan is a frozen, JSON-round-trippable record (Calculon's "execution" input, STYLE.md §2).
+It checks what it can on its own in `__post_init__` (positive degrees, a known schedule, a
+recompute policy, ZeRO stage 0–3, ...) and everything that needs the model and the cluster in
+`check(model, cluster)`: degrees versus GPU count and head count, the stage partition versus the
+number of layers, frequencies versus the GPU's clock range, placement versus node groups.
+`ParallelPlan.build(model, cluster, **fields)` does both, so an impossible plan fails where it
+is made, with a message that names the field, the value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainsim.errors import PlanError, unknown_name
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "explicit")
+"""Built-in schedule names; `torch:<ScheduleClass>` imports one from torch.distributed.pipelining."""
+SCHEDULE_ALIASES = {"interleaved_1f1b": "interleaved", "zbh1": "zb-h1", "zb_h1": "zb-h1",
+                    "pipedream-flush": "1f1b", "1F1B": "1f1b"}
+RECOMPUTE_POLICIES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MicroBatch:
+    """One micro-batch of an explicit, possibly variable-shape list (DynaPipe-style data)."""
+
+    batch_size: int
+    """Samples in this micro-batch (per data-parallel replica)."""
+    seq_len: int
+    """Sequence length of this micro-batch's samples (padded to the longest)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise PlanError(f"plan.micro_batches: batch_size={self.batch_size} must be >= 1")
+        if self.seq_len < 1:
+            raise PlanError(f"plan.micro_batches: seq_len={self.seq_len} must be >= 1")
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PlanError(f"plan.{name}={value!r} must be a positive integer")
+
+
+def normalise_schedule(name: str) -> str:
+    """Canonical schedule name, or a PlanError listing the valid ones."""
+    if name.startswith("torch:"):
+        if len(name) <= len("torch:"):
+            raise PlanError("plan.schedule='torch:' names no torch schedule class, "
+                            "e.g. torch:Schedule1F1B")
+        return name
+    canonical = SCHEDULE_ALIASES.get(name, name.lower())
+    if canonical not in SCHEDULES:
+        raise PlanError(str(unknown_name("schedule", name, [*SCHEDULES, "torch:<Class>"])))
+    return canonical
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelPlan:
+    """Degrees, partition, micro-batching, schedule, recompute, ZeRO, frequencies, placement."""
+
+    dp: int = 1
+    """Data-parallel degree (replicas of each stage)."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row sharding inside a layer)."""
+    pp: int = 1
+    """Pipeline-parallel degree (number of physical stages)."""
+    sp: bool = False
+    """Sequence parallelism on top of tensor parallelism (Korthikanti et al. 2022)."""
+    ep: int = 1
+    """Expert-parallel degree for MoE layers; must divide the expert count and dp·tp."""
+    micro_batch_size: int = 1
+    """Samples per micro-batch per data-parallel replica (ignored with `micro_batches`)."""
+    global_batch: int | None = None
+    """Samples per iteration over all replicas; sets the micro-batch count."""
+    num_micro_batches: int | None = None
+    """Micro-batches per replica per iteration; used when `global_batch` is not given."""
+    micro_batches: tuple[MicroBatch, ...] | None = None
+    """Explicit per-replica micro-batches with their own size and sequence length."""
+    seq_len: int | None = None
+    """Sequence length; the model's default when None."""
+    stage_layers: tuple[int, ...] | None = None
+    """Transformer layers per (virtual) stage, first to last; uniform when None."""
+    stage_tp: tuple[int, ...] | None = None
+    """Per-stage tensor-parallel degree (each stage keeps dp·tp GPUs; its dp is dp·tp/stage_tp)."""
+    op_tp: tuple[tuple[str, int], ...] = ()
+    """Per-op tensor-parallel overrides: (op name, degree dividing the stage's GPUs)."""
+    schedule: str = "1f1b"
+    """gpipe, 1f1b, interleaved, zb-h1, explicit, or torch:<ScheduleClass>."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved schedules)."""
+    order: tuple[tuple[str, ...], ...] | None = None
+    """Explicit per-rank action order ("0F0", "0B0", ...) for schedule='explicit'."""
+    recompute: str | tuple[str, ...] = "none"
+    """none, selective (attention core), full (whole layer), or a tuple of op names."""
+    zero: int = 0
+    """ZeRO stage 0–3: shard optimizer states (1), + gradients (2), + weights (3) over dp."""
+    freq_mhz: float | None = None
+    """One SM frequency for every GPU; the GPU's maximum when None."""
+    stage_freq_mhz: tuple[float, ...] | None = None
+    """Per-stage SM frequency (overrides `freq_mhz`)."""
+    instruction_freq_mhz: tuple[tuple[str, float], ...] = ()
+    """Per-instruction frequency: (action like "2F3" = stage 2 forward of micro-batch 3, MHz)."""
+    placement: tuple[int, ...] | None = None
+    """Node-group index per stage (heterogeneous clusters); stages fill groups in order if None."""
+    dtype: str = "fp16"
+    """Compute precision: fp16, bf16 or fp32."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "ep", "micro_batch_size", "virtual_stages"):
+            _positive(name, getattr(self, name))
+        if self.global_batch is not None:
+            _positive("global_batch", self.global_batch)
+        if self.num_micro_batches is not None:
+            _positive("num_micro_batches", self.num_micro_batches)
+        if self.seq_len is not None:
+            _positive("seq_len", self.seq_len)
+        object.__setattr__(self, "schedule", normalise_schedule(self.schedule))
+        if self.micro_batches is not None:
+            mbs = tuple(m if isinstance(m, MicroBatch) else MicroBatch(**dict(m))
+                        for m in self.micro_batches)
+            if not mbs:
+                raise PlanError("plan.micro_batches is empty; give at least one micro-batch")
+            object.__setattr__(self, "micro_batches", mbs)
+        self._check_counts()
+        self._check_recompute()
+        if self.zero not in (0, 1, 2, 3):
+            raise PlanError(f"plan.zero={self.zero!r} must be 0, 1, 2 or 3")
+        if self.dtype not in ("fp16", "bf16", "fp32"):
+            raise PlanError(f"plan.dtype={self.dtype!r} must be fp16, bf16 or fp32")
+        if self.virtual_stages > 1 and self.schedule not in ("interleaved", "explicit") \
+                and not self.schedule.startswith("torch:"):
+            raise PlanError(f"plan.virtual_stages={self.virtual_stages} needs schedule "
+                            f"'interleaved', 'explicit' or a torch schedule, not {self.schedule!r}")
+        if self.schedule == "explicit" and self.order is None:
+            raise PlanError("plan.schedule='explicit' needs plan.order (per-rank action lists)")
+        if self.order is not None:
+            order = tuple(tuple(str(a) for a in rank_order) for rank_order in self.order)
+            if len(order) != self.pp:
+                raise PlanError(f"plan.order has {len(order)} rank lists but plan.pp={self.pp}")
+            object.__setattr__(self, "order", order)
+        self._check_frequencies()
+        object.__setattr__(self, "op_tp", tuple((str(k), int(v)) for k, v in
+                                                (dict(self.op_tp).items())))
+        for op_name, degree in self.op_tp:
+            _positive(f"op_tp[{op_name!r}]", degree)
+
+    # ----------------------------------------------------------------- self-consistency
+    def _check_counts(self) -> None:
+        if self.micro_batches is not None:
+            if self.global_batch is not None:
+                total = sum(m.batch_size for m in self.micro_batches) * self.dp
+                if total != self.global_batch:
+                    raise PlanError(
+                        f"plan.global_batch={self.global_batch} but the explicit micro_batches "
+                        f"hold {total} samples over dp={self.dp}")
+            return
+        if self.global_batch is not None:
+            per_step = self.micro_batch_size * self.dp
+            if self.global_batch % per_step:
+                valid = [b for b in range(per_step, 4 * self.global_batch + 1, per_step)
+                         if abs(b - self.global_batch) <= 2 * per_step][:3]
+                raise PlanError(
+                    f"plan.global_batch={self.global_batch} is not divisible by "
+                    f"micro_batch_size×dp={self.micro_batch_size}×{self.dp}={per_step} "
+                    f"(e.g. {', '.join(map(str, valid))} would be)")
+            m = self.global_batch // per_step
+            if self.num_micro_batches is not None and self.num_micro_batches != m:
+                raise PlanError(f"plan.num_micro_batches={self.num_micro_batches} disagrees with "
+                                f"global_batch/(micro_batch_size·dp)={m}")
+            object.__setattr__(self, "num_micro_batches", m)
+        elif self.num_micro_batches is None:
+            object.__setattr__(self, "num_micro_batches", 1)
+        if self.global_batch is None:
+            object.__setattr__(self, "global_batch",
+                               self.num_micro_batches * self.micro_batch_size * self.dp)
+
+    def _check_recompute(self) -> None:
+        rc = self.recompute
+        if isinstance(rc, str):
+            if rc not in RECOMPUTE_POLICIES:
+                raise PlanError(f"plan.recompute={rc!r} must be one of "
+                                f"{', '.join(RECOMPUTE_POLICIES)} or a list of op names")
+        else:
+            names = tuple(str(n) for n in rc)
+            if not names:
+                raise PlanError("plan.recompute is an empty op list; use 'none' instead")
+            object.__setattr__(self, "recompute", names)
+
+    def _check_frequencies(self) -> None:
+        if self.freq_mhz is not None and self.freq_mhz <= 0:
+            raise PlanError(f"plan.freq_mhz={self.freq_mhz} must be positive")
+        if self.stage_freq_mhz is not None:
+            freqs = tuple(float(f) for f in self.stage_freq_mhz)
+            if len(freqs) != self.pp:
+                raise PlanError(f"plan.stage_freq_mhz has {len(freqs)} values but pp={self.pp}")
+            if any(f <= 0 for f in freqs):
+                raise PlanError(f"plan.stage_freq_mhz={freqs} must all be positive")
+            object.__setattr__(self, "stage_freq_mhz", freqs)
+        pairs = tuple((str(k), float(v)) for k, v in dict(self.instruction_freq_mhz).items())
+        object.__setattr__(self, "instruction_freq_mhz", pairs)
+        from trainsim.simulator.actions import Action  # deferred: simulator imports workloads
+        for key, f in pairs:
+            Action.parse(key)  # raises SpecError naming the text if malformed
+            if f <= 0:
+                raise PlanError(f"plan.instruction_freq_mhz[{key!r}]={f} must be positive")
+
+    # ----------------------------------------------------------------- derived values
+    @property
+    def num_stages(self) -> int:
+        """Virtual stages in the pipeline (pp × virtual_stages)."""
+        return self.pp * self.virtual_stages
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the plan occupies: dp × tp × pp."""
+        return self.dp * self.tp * self.pp
+
+    def micro_batch_list(self, default_seq_len: int) -> tuple[MicroBatch, ...]:
+        """The per-replica micro-batches, explicit or uniform."""
+        if self.micro_batches is not None:
+            return self.micro_batches
+        seq = self.seq_len or default_seq_len
+        assert self.num_micro_batches is not None  # set in __post_init__
+        return tuple(MicroBatch(batch_size=self.micro_batch_size, seq_len=seq)
+                     for _ in range(self.num_micro_batches))
+
+    def layers_per_stage(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers of each virtual stage; uniform split spreads the remainder.
+
+        A uniform split gives the first `num_layers % stages` stages one extra layer, like
+        `numpy.array_split`; the stage holding the embedding or the LM head is not lightened.
+        """
+        n = self.num_stages
+        if self.stage_layers is not None:
+            return tuple(self.stage_layers)
+        base, extra = divmod(num_layers, n)
+        return tuple(base + (1 if s < extra else 0) for s in range(n))
+
+    def tp_of_stage(self, stage: int) -> int:
+        """Tensor-parallel degree of a physical stage."""
+        return self.stage_tp[stage] if self.stage_tp is not None else self.tp
+
+    def dp_of_stage(self, stage: int) -> int:
+        """Data-parallel degree of a physical stage (its GPUs over its tp)."""
+        return self.dp * self.tp // self.tp_of_stage(stage)
+
+    def frequency_of(self, stage: int, action: str | None = None) -> float | None:
+        """SM frequency for a stage's instruction: per-instruction, then per-stage, then global."""
+        if action is not None and self.instruction_freq_mhz:
+            for key, f in self.instruction_freq_mhz:
+                if key == action:
+                    return f
+        if self.stage_freq_mhz is not None:
+            return self.stage_freq_mhz[stage % self.pp]
+        return self.freq_mhz
+
+    # ----------------------------------------------------------------- checks vs model/cluster
+    def check(self, model: Any, cluster: Any) -> None:
+        """Raise PlanError if this plan cannot run `model` on `cluster`."""
+        self._check_gpus(cluster)
+        self._check_model(model)
+        self._check_partition(model)
+        self._check_cluster_fit(cluster)
+
+    def _check_gpus(self, cluster: Any) -> None:
+        n = cluster.num_gpus
+        if self.gpus != n:
+            options = sorted({(d, t, n // (d * t)) for t in _divisors(n) for d in _divisors(n // t)
+                              if t == self.tp or n // (d * t) == self.pp})
+            hint = ", ".join(f"dp={d} tp={t} pp={p}" for d, t, p in options[:4])
+            raise PlanError(f"plan dp×tp×pp = {self.dp}×{self.tp}×{self.pp} = {self.gpus} but the "
+                            f"cluster has {n} GPUs (valid e.g.: {hint})")
+        if self.stage_tp is not None:
+            if len(self.stage_tp) != self.pp:
+                raise PlanError(f"plan.stage_tp has {len(self.stage_tp)} values but pp={self.pp}")
+            per_stage = self.dp * self.tp
+            for s, t in enumerate(self.stage_tp):
+                if t < 1 or per_stage % t:
+                    raise PlanError(f"plan.stage_tp[{s}]={t} must divide the stage's "
+                                    f"dp×tp={per_stage} GPUs (valid: {_divisors(per_stage)})")
+
+    def _check_model(self, model: Any) -> None:
+        heads = int(getattr(model, "num_heads", 0) or 0)
+        kv_heads = int(getattr(model, "num_kv_heads", 0) or heads)
+        tps = {self.tp, *(self.stage_tp or ())}
+        for t in sorted(tps):
+            if heads and heads % t:
+                valid = [d for d in _divisors(heads) if d <= 64]
+                raise PlanError(f"plan.tp={t} does not divide model.num_heads={heads} "
+                                f"(valid tp: {valid})")
+            if kv_heads and kv_heads % t and t % kv_heads:
+                raise PlanError(f"plan.tp={t} and model.num_kv_heads={kv_heads}: one must divide "
+                                f"the other (valid tp: {_divisors(kv_heads)} or multiples)")
+        ffn = int(getattr(model, "ffn_hidden", 0) or 0)
+        if ffn and any(ffn % t for t in tps):
+            raise PlanError(f"plan.tp={self.tp} does not divide model.ffn_hidden={ffn}")
+        experts = int(getattr(model, "num_experts", 0) or 0)
+        if self.ep > 1:
+            if not experts:
+                raise PlanError(f"plan.ep={self.ep} but model {model.name!r} has no experts")
+            if experts % self.ep:
+                raise PlanError(f"plan.ep={self.ep} does not divide model.num_experts={experts} "
+                                f"(valid: {_divisors(experts)})")
+            if (self.dp * self.tp) % self.ep:
+                raise PlanError(f"plan.ep={self.ep} must divide dp×tp={self.dp * self.tp}")
+        if self.sp and self.tp == 1:
+            raise PlanError("plan.sp=true needs plan.tp > 1 (sequence parallelism splits along "
+                            "the tensor-parallel group)")
+        if self.seq_len is not None:
+            max_seq = int(getattr(model, "max_seq_len", 0) or 0)
+            if max_seq and self.seq_len > max_seq:
+                raise PlanError(f"plan.seq_len={self.seq_len} exceeds model.max_seq_len={max_seq}")
+
+    def _check_partition(self, model: Any) -> None:
+        layers = int(model.num_layers)
+        n = self.num_stages
+        if n > layers:
+            raise PlanError(f"plan.pp×virtual_stages={self.pp}×{self.virtual_stages}={n} exceeds "
+                            f"model.num_layers={layers} (valid pp: {_divisors(layers)[:8]}...)")
+        if self.stage_layers is not None:
+            sl = tuple(int(x) for x in self.stage_layers)
+            if len(sl) != n:
+                raise PlanError(f"plan.stage_layers has {len(sl)} entries but the pipeline has "
+                                f"pp×virtual_stages={n} stages")
+            if any(x < 1 for x in sl):
+                raise PlanError(f"plan.stage_layers={list(sl)}: every stage needs >= 1 layer")
+            if sum(sl) != layers:
+                raise PlanError(f"plan.stage_layers={list(sl)} sum to {sum(sl)} but "
+                                f"model.num_layers={layers}")
+        if self.schedule == "interleaved" and self.virtual_stages > 1 \
+                and len(self.micro_batch_list(1)) % self.pp:
+            raise PlanError(f"plan.schedule='interleaved' needs the micro-batch count "
+                            f"({len(self.micro_batch_list(1))}) divisible by pp={self.pp}")
+        if isinstance(self.recompute, tuple):
+            known = set(getattr(model, "op_names", list)())
+            for name in self.recompute:
+                if known and name not in known:
+                    raise PlanError(str(unknown_name("op in plan.recompute", name, known)))
+
+    def _check_cluster_fit(self, cluster: Any) -> None:
+        groups = list(cluster.node_groups)
+        if self.placement is not None:
+            if len(self.placement) != self.pp:
+                raise PlanError(f"plan.placement has {len(self.placement)} entries but pp={self.pp}")
+            need: dict[int, int] = {}
+            for s, g in enumerate(self.placement):
+                if not 0 <= g < len(groups):
+                    raise PlanError(f"plan.placement[{s}]={g}: the cluster has node groups "
+                                    f"0..{len(groups) - 1}")
+                need[g] = need.get(g, 0) + self.dp * self.tp
+            for g, n in need.items():
+                have = _group_gpus(groups[g])
+                if n > have:
+                    raise PlanError(f"plan.placement puts {n} GPUs on node group {g} "
+                                    f"which has {have}")
+        for f in [self.freq_mhz, *(self.stage_freq_mhz or ()),
+                  *(v for _, v in self.instruction_freq_mhz)]:
+            if f is None:
+                continue
+            for rank in (0, cluster.num_gpus - 1):
+                gpu = cluster.gpu(rank)
+                lo, hi = gpu.sm_clock_min_mhz, gpu.sm_clock_max_mhz
+                if not lo <= f <= hi:
+                    raise PlanError(f"plan frequency {f:g} MHz is outside {gpu.name}'s SM clock "
+                                    f"range {lo:g}–{hi:g} MHz")
+
+    # ----------------------------------------------------------------- construction & JSON
+    @classmethod
+    def build(cls, model: Any, cluster: Any, **fields: Any) -> ParallelPlan:
+        """Make a plan and check it against `model` and `cluster` in one step."""
+        plan = cls.from_dict(fields)
+        plan.check(model, cluster)
+        return plan
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict holding every field (round-trips through `from_dict`)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "micro_batches" and value is not None:
+                value = [{"batch_size": m.batch_size, "seq_len": m.seq_len} for m in value]
+            elif f.name in ("op_tp", "instruction_freq_mhz"):
+                value = dict(value)
+            elif f.name == "order" and value is not None:
+                value = [list(r) for r in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ParallelPlan:
+        """Build from a dict, rejecting unknown keys by name."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = [k for k in data if k not in names]
+        if unknown:
+            raise PlanError(str(unknown_name("plan field", unknown[0], names)))
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if value is None:
+                kwargs[key] = None
+            elif key in ("stage_layers", "stage_tp", "placement", "stage_freq_mhz") or key == "micro_batches":
+                kwargs[key] = tuple(value)
+            elif key == "order":
+                if isinstance(value, Mapping):
+                    value = [value[k] for k in sorted(value, key=int)]
+                kwargs[key] = tuple(tuple(r) for r in value)
+            elif key in ("op_tp", "instruction_freq_mhz"):
+                kwargs[key] = tuple(dict(value).items()) if isinstance(value, Mapping) \
+                    else tuple(tuple(p) for p in value)
+            elif key == "recompute" and not isinstance(value, str):
+                kwargs[key] = tuple(value)
+            else:
+                kwargs[key] = value
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise PlanError(f"plan: {exc}") from None
+
+    def to_json(self) -> str:
+        """Stable, indented JSON (same plan, same bytes)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "plan") -> ParallelPlan:
+        """Parse JSON text; `source` names the file in errors."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(data, dict):
+            raise PlanError(f"{source}: expected a JSON object of plan fields")
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ParallelPlan:
+        """Load a plan from a JSON file."""
+        p = Path(path)
+        if not p.is_file():
+            raise PlanError(f"plan file {str(p)!r} does not exist")
+        return cls.from_json(p.read_text(), source=str(p))
+
+    def save(self, path: str | Path, *, force: bool = False) -> None:
+        """Write the plan as JSON; refuses to overwrite an existing file unless `force`."""
+        p = Path(path)
+        if p.exists() and not force:
+            raise PlanError(f"{p} exists; pass force=True (--force) to overwrite it")
+        p.write_text(self.to_json())
+
+    def replace(self, **changes: Any) -> ParallelPlan:
+        """A copy with some fields changed (re-checked)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _group_gpus(group: Any) -> int:
+    for attr in ("num_gpus", "gpus"):
+        value = getattr(group, attr, None)
+        if isinstance(value, int):
+            return value
+    return int(group.nodes) * int(group.gpus_per_node)
+
+
+def uniform_split(num_layers: int, stages: int) -> tuple[int, ...]:
+    """Layers per stage as even as possible (first stages take the remainder)."""
+    if stages < 1:
+        raise PlanError(f"stages={stages} must be >= 1")
+    base, extra = divmod(num_layers, stages)
+    return tuple(base + (1 if s < extra else 0) for s in range(stages))
+
+
+__all__ = ["SCHEDULES", "MicroBatch", "ParallelPlan", "normalise_schedule", "uniform_split"]
