@@ -46,10 +46,13 @@ class TraceError(TrainsimError):
 def unknown_name(kind: str, name: str, valid: Iterable[str]) -> UnknownNameError:
     """Build an error for an unknown `name` of `kind` listing the closest valid names."""
     valid = sorted(valid)
-    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.4)
-    if not close:
-        lowered = name.lower()
-        close = [v for v in valid if lowered in v.lower() or v.lower() in lowered][:3]
+    lowered = name.lower()
+    # Names that start with what was typed come first ("A100" -> A100-PCIe-40GB, ...), then
+    # names containing it, then spelling neighbours.
+    close = [v for v in valid if v.lower().startswith(lowered)]
+    close += [v for v in valid if lowered in v.lower() and v not in close]
+    close += [v for v in difflib.get_close_matches(name, valid, n=3, cutoff=0.4) if v not in close]
+    close = close[:3]
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     listing = ", ".join(valid) if len(valid) <= 12 else ", ".join(valid[:12]) + ", ..."
     return UnknownNameError(f"unknown {kind} {name!r}{hint} (valid: {listing})")

@@ -1,1 +1,6 @@
-"""Hardware: GPU catalog, nodes, links, clusters, DVFS/power and op cost models."""
+"""Hardware: GPU catalog, nodes, links, clusters (incl. heterogeneous), DVFS/power and op cost.
+
+Modules: `gpus` (GpuSpec, get_gpu, list_gpus), `nodes` (node types, NICs, prices), `topology`
+(Link and intra-node routing), `cluster` (Cluster, parse_cluster), `power` (DVFS power model),
+`opcost` (RooflineCostModel). Kept import-free so `sim --help` stays fast.
+"""

@@ -160,6 +160,9 @@ class ParallelPlan:
                     raise PlanError(
                         f"plan.global_batch={self.global_batch} but the explicit micro_batches "
                         f"hold {total} samples over dp={self.dp}")
+            object.__setattr__(self, "global_batch",
+                               sum(m.batch_size for m in self.micro_batches) * self.dp)
+            object.__setattr__(self, "num_micro_batches", len(self.micro_batches))
             return
         if self.global_batch is not None:
             per_step = self.micro_batch_size * self.dp
@@ -205,6 +208,8 @@ class ParallelPlan:
             object.__setattr__(self, "stage_freq_mhz", freqs)
         pairs = tuple((str(k), float(v)) for k, v in dict(self.instruction_freq_mhz).items())
         object.__setattr__(self, "instruction_freq_mhz", pairs)
+        if not pairs:
+            return
         from trainsim.simulator.actions import Action  # deferred: simulator imports workloads
         for key, f in pairs:
             Action.parse(key)  # raises SpecError naming the text if malformed
@@ -319,11 +324,11 @@ class ParallelPlan:
                 raise PlanError(f"plan.seq_len={self.seq_len} exceeds model.max_seq_len={max_seq}")
 
     def _check_partition(self, model: Any) -> None:
-        layers = int(model.num_layers)
+        layers = int(getattr(model, "num_blocks", None) or model.num_layers)
         n = self.num_stages
         if n > layers:
             raise PlanError(f"plan.pp×virtual_stages={self.pp}×{self.virtual_stages}={n} exceeds "
-                            f"model.num_layers={layers} (valid pp: {_divisors(layers)[:8]}...)")
+                            f"the model's {layers} layers (valid pp: {_divisors(layers)[:8]}...)")
         if self.stage_layers is not None:
             sl = tuple(int(x) for x in self.stage_layers)
             if len(sl) != n:
@@ -333,7 +338,7 @@ class ParallelPlan:
                 raise PlanError(f"plan.stage_layers={list(sl)}: every stage needs >= 1 layer")
             if sum(sl) != layers:
                 raise PlanError(f"plan.stage_layers={list(sl)} sum to {sum(sl)} but "
-                                f"model.num_layers={layers}")
+                                f"the model has {layers} layers")
         if self.schedule == "interleaved" and self.virtual_stages > 1 \
                 and len(self.micro_batch_list(1)) % self.pp:
             raise PlanError(f"plan.schedule='interleaved' needs the micro-batch count "

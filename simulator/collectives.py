@@ -1,0 +1,394 @@
+"""Collectives on a topology: α-β cost formulas and their plans as link-level phases.
+
+Two layers:
+
+1. Pure α-β formulas (α: per-step latency in s, β: bandwidth in bytes/s, S: bytes, n ranks),
+   from Thakur, Rabenseifner & Gropp 2005, "Optimization of Collective Communication Operations
+   in MPICH" (IJHPCA 19(1), §4, ring/"bucket" algorithms) and Patarasuk & Yuan 2009,
+   "Bandwidth optimal all-reduce algorithms for clusters of workstations" (JPDC 69(2)):
+
+   - ring all-reduce: 2(n−1) steps of S/n each → ``2(n−1)·α + 2(n−1)/n · S/β``;
+   - ring all-gather / reduce-scatter (S = the full tensor): ``(n−1)·α + (n−1)/n · S/β``;
+   - pairwise all-to-all (S = one rank's send buffer): ``(n−1)·α + (n−1)/n · S/β``;
+   - point-to-point: ``α + S/β``;
+   - double-binary-tree all-reduce (Sanders, Speck & Träff 2009, "Two-tree algorithms for full
+     bandwidth broadcast, reduction and scan", Parallel Computing 35(12); used by NCCL since 2.4,
+     Jeaugey 2019, NVIDIA blog "Massively Scale Your Deep Learning Training with NCCL 2.4"):
+     a reduce up and a broadcast down two complementary trees, each carrying S/2, pipelined.
+     Depth ⌈log2 n⌉ each way; every rank sends (and receives) 2S in total →
+     ``2⌈log2 n⌉·α + 2·S/β`` -- logarithmic latency, so it wins for small (latency-bound) S;
+   - hierarchical all-reduce over N nodes × k GPUs (Jia et al. 2018, "Highly Scalable Deep
+     Learning Training System with Mixed-Precision", arXiv:1807.11205, §3.3; Horovod's
+     hierarchical allreduce): intra-node reduce-scatter, inter-node all-reduce of the S/k shard
+     by the k local ranks in parallel, intra-node all-gather →
+     ``2·[(k−1)·α_intra + (k−1)/k · S/β_intra] + 2(N−1)·α_inter + 2(N−1)/N · S/β_nic``
+     where the k parallel inter-node rings share each node's NIC (k × S/k = S per NIC).
+
+2. `plan_collective` turns a collective on concrete ranks of a cluster into `CommPhase`s, run
+   in sequence by the engine. A phase is one rendezvous across its ranks: it waits `latency_s`,
+   then moves `bytes_per_link` over every link in `links`; the engine's fluid model shares a
+   link among concurrent transfers, so two collectives through one NIC each take twice as long.
+   The links of a phase are found from the transfers the algorithm makes (cluster.path of each
+   sender → receiver): the load of each link is summed, and the phase names the links carrying
+   the largest load, with that load as `bytes_per_link`. Should a lighter but slower link be the
+   real bottleneck (load/bandwidth largest), it is named as well and `bytes_per_link` becomes
+   the volume that makes the lone time exact on it (the heaviest links, kept for sharing, are
+   then charged that smaller volume -- the one approximation of the single-volume phase). For a ring these are all the links its
+   neighbour transfers cross (the slowest is its bottleneck); for the inter-node phase of a
+   hierarchical all-reduce they are the NIC links, each carrying the k parallel rings' volume,
+   so a lone phase takes exactly the formula's time. α of a step is the largest summed link
+   latency of a path the step uses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from trainsim.errors import SpecError, unknown_name
+
+
+class _Link(Protocol):
+    link_id: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+class ClusterTopology(Protocol):
+    """What collectives need of `trainsim.hwmodels.cluster.Cluster`."""
+
+    def path(self, src_rank: int, dst_rank: int) -> tuple[_Link, ...]: ...
+
+    def node_of(self, rank: int) -> int: ...
+
+    def ranks_of_node(self, node: int) -> list[int]: ...
+
+
+# ------------------------------------------------------------------------------ formulas
+
+
+def _check(n: int, size_bytes: float, alpha_s: float, bandwidth_bytes_per_s: float) -> None:
+    if n < 1:
+        raise SpecError(f"collective group size n={n} must be >= 1")
+    if not size_bytes >= 0:
+        raise SpecError(f"collective size_bytes={size_bytes} must be >= 0")
+    if not alpha_s >= 0:
+        raise SpecError(f"collective alpha_s={alpha_s} must be >= 0")
+    if not bandwidth_bytes_per_s > 0:
+        raise SpecError(f"collective bandwidth_bytes_per_s={bandwidth_bytes_per_s} must be > 0")
+
+
+def ring_all_reduce_time_s(n: int, size_bytes: float, alpha_s: float,
+                           bandwidth_bytes_per_s: float) -> float:
+    """Ring all-reduce: ``2(n−1)·α + 2(n−1)/n · S/β`` (Patarasuk & Yuan 2009, §3)."""
+    _check(n, size_bytes, alpha_s, bandwidth_bytes_per_s)
+    return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * size_bytes / bandwidth_bytes_per_s
+
+
+def ring_all_gather_time_s(n: int, size_bytes: float, alpha_s: float,
+                           bandwidth_bytes_per_s: float) -> float:
+    """Ring all-gather of a full tensor of S bytes: ``(n−1)·α + (n−1)/n · S/β``
+    (Thakur et al. 2005, §4.1)."""
+    _check(n, size_bytes, alpha_s, bandwidth_bytes_per_s)
+    return (n - 1) * alpha_s + (n - 1) / n * size_bytes / bandwidth_bytes_per_s
+
+
+def ring_reduce_scatter_time_s(n: int, size_bytes: float, alpha_s: float,
+                               bandwidth_bytes_per_s: float) -> float:
+    """Ring reduce-scatter of a full tensor of S bytes: ``(n−1)·α + (n−1)/n · S/β``
+    (Thakur et al. 2005, §4.4; computation cost ignored)."""
+    return ring_all_gather_time_s(n, size_bytes, alpha_s, bandwidth_bytes_per_s)
+
+
+def tree_all_reduce_time_s(n: int, size_bytes: float, alpha_s: float,
+                           bandwidth_bytes_per_s: float) -> float:
+    """Double-binary-tree all-reduce: ``2⌈log2 n⌉·α + 2·S/β`` (Sanders et al. 2009; NCCL 2.4)."""
+    _check(n, size_bytes, alpha_s, bandwidth_bytes_per_s)
+    if n == 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(n)) * alpha_s + 2 * size_bytes / bandwidth_bytes_per_s
+
+
+def all_to_all_time_s(n: int, size_bytes: float, alpha_s: float,
+                      bandwidth_bytes_per_s: float) -> float:
+    """Pairwise all-to-all, S = one rank's send buffer: ``(n−1)·α + (n−1)/n · S/β``
+    (Thakur et al. 2005, §4.6, pairwise exchange)."""
+    return ring_all_gather_time_s(n, size_bytes, alpha_s, bandwidth_bytes_per_s)
+
+
+def p2p_time_s(size_bytes: float, alpha_s: float, bandwidth_bytes_per_s: float) -> float:
+    """Point-to-point send: ``α + S/β``."""
+    _check(2, size_bytes, alpha_s, bandwidth_bytes_per_s)
+    return alpha_s + size_bytes / bandwidth_bytes_per_s
+
+
+def hierarchical_all_reduce_time_s(
+    num_nodes: int,
+    gpus_per_node: int,
+    size_bytes: float,
+    alpha_intra_s: float,
+    bandwidth_intra_bytes_per_s: float,
+    alpha_inter_s: float,
+    nic_bandwidth_bytes_per_s: float,
+) -> float:
+    """Hierarchical all-reduce (Jia et al. 2018, §3.3): reduce-scatter in the node, all-reduce
+    of S/k across nodes by the k local ranks sharing the NIC, all-gather in the node:
+    ``2·[(k−1)·α_i + (k−1)/k · S/β_i] + 2(N−1)·α_e + 2(N−1)/N · S/β_nic``."""
+    k, nodes = gpus_per_node, num_nodes
+    _check(k, size_bytes, alpha_intra_s, bandwidth_intra_bytes_per_s)
+    _check(nodes, size_bytes, alpha_inter_s, nic_bandwidth_bytes_per_s)
+    intra = (k - 1) * alpha_intra_s + (k - 1) / k * size_bytes / bandwidth_intra_bytes_per_s
+    inter = ring_all_reduce_time_s(nodes, size_bytes, alpha_inter_s, nic_bandwidth_bytes_per_s)
+    return 2 * intra + inter
+
+
+# ------------------------------------------------------------------------------ phases
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommPhase:
+    """One step of a collective: a rendezvous of `ranks`, then a transfer over `links`."""
+
+    name: str
+    """What the phase does, e.g. ``"ring_all_reduce"`` or ``"inter_node_all_reduce"``."""
+    ranks: tuple[int, ...]
+    """Every rank taking part; the phase starts when all are ready."""
+    latency_s: float
+    """Fixed start-up time of the phase: steps × per-step α."""
+    bytes_per_link: float
+    """Bytes moved over each link in `links` (per direction)."""
+    links: tuple[str, ...]
+    """Link ids (`Link.link_id`) the phase loads with `bytes_per_link`; sorted."""
+
+    def __post_init__(self) -> None:
+        if not self.ranks:
+            raise SpecError(f"comm phase {self.name!r} has no ranks")
+        if not self.latency_s >= 0:
+            raise SpecError(f"comm phase {self.name!r} latency_s={self.latency_s} must be >= 0")
+        if not self.bytes_per_link >= 0:
+            raise SpecError(
+                f"comm phase {self.name!r} bytes_per_link={self.bytes_per_link} must be >= 0")
+        if self.bytes_per_link > 0 and not self.links:
+            raise SpecError(f"comm phase {self.name!r} moves bytes but names no links")
+
+
+def collective_time_s(phases: Iterable[CommPhase], link_bandwidth: Mapping[str, float]) -> float:
+    """Time of `phases` run alone (no other traffic): Σ latency + bytes / slowest link.
+
+    Args:
+        phases: as returned by `plan_collective`.
+        link_bandwidth: bytes/s per link id (e.g. from `link_bandwidths`).
+    """
+    total = 0.0
+    for phase in phases:
+        total += phase.latency_s
+        if phase.bytes_per_link > 0:
+            slowest = min(link_bandwidth[link] for link in phase.links)
+            total += phase.bytes_per_link / slowest
+    return total
+
+
+def link_bandwidths(cluster: ClusterTopology, ranks: Sequence[int]) -> dict[str, float]:
+    """Bandwidth (bytes/s) of every link on a path between two of `ranks` (O(n²) paths)."""
+    found: dict[str, float] = {}
+    for src in ranks:
+        for dst in ranks:
+            if src != dst:
+                for link in cluster.path(src, dst):
+                    found[link.link_id] = float(link.bandwidth_bytes_per_s)
+    return dict(sorted(found.items()))
+
+
+Transfer = tuple[int, int, float]
+"""(source rank, destination rank, bytes)."""
+
+
+def _phase(name: str, ranks: tuple[int, ...], steps: int, transfers: Sequence[Transfer],
+           cluster: ClusterTopology, bandwidths: dict[str, float]) -> CommPhase:
+    """A phase from its concurrent transfers: max-loaded links and the slowest step latency."""
+    load: dict[str, float] = {}
+    alpha = 0.0
+    for src, dst, size in transfers:
+        path = cluster.path(src, dst)
+        alpha = max(alpha, sum(float(link.latency_s) for link in path))
+        for link in path:
+            load[link.link_id] = load.get(link.link_id, 0.0) + size
+            bandwidths[link.link_id] = float(link.bandwidth_bytes_per_s)
+    peak = max(load.values(), default=0.0)
+    if not peak:
+        return CommPhase(name=name, ranks=ranks, latency_s=steps * alpha, bytes_per_link=0.0,
+                         links=())
+    heaviest = {k for k, v in load.items() if v >= peak * (1 - 1e-12)}
+    volume = peak
+    slowest_time = max(v / bandwidths[k] for k, v in load.items())
+    if slowest_time > peak / min(bandwidths[k] for k in heaviest) * (1 + 1e-12):
+        # A lighter but slower link (e.g. a GPU's PCIe path to the NIC) is the bottleneck:
+        # name it too, and charge the volume that makes the lone time exact on it.
+        slow = {k for k, v in load.items() if v / bandwidths[k] >= slowest_time * (1 - 1e-12)}
+        heaviest |= slow
+        volume = slowest_time * min(bandwidths[k] for k in heaviest)
+    return CommPhase(name=name, ranks=ranks, latency_s=steps * alpha, bytes_per_link=volume,
+                     links=tuple(sorted(heaviest)))
+
+
+def _ring(members: Sequence[int], size: float) -> list[Transfer]:
+    n = len(members)
+    return [(members[i], members[(i + 1) % n], size) for i in range(n)] if n > 1 else []
+
+
+def _by_node(cluster: ClusterTopology, ranks: Sequence[int]) -> dict[int, list[int]]:
+    nodes: dict[int, list[int]] = {}
+    for r in sorted(ranks, key=lambda r: (cluster.node_of(r), r)):
+        nodes.setdefault(cluster.node_of(r), []).append(r)
+    return nodes
+
+
+def _node_ordered(cluster: ClusterTopology, ranks: Sequence[int]) -> list[int]:
+    """Ranks sorted by (node, rank): a ring then crosses each node boundary once (as NCCL)."""
+    return [r for members in _by_node(cluster, ranks).values() for r in members]
+
+
+def _ring_all_reduce(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
+                     bw: dict[str, float]) -> list[CommPhase]:
+    n = len(ranks)
+    ring = _node_ordered(cluster, ranks)
+    return [_phase("ring_all_reduce", ranks, 2 * (n - 1),
+                   _ring(ring, 2 * (n - 1) / n * size), cluster, bw)]
+
+
+def _tree_all_reduce(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
+                     bw: dict[str, float]) -> list[CommPhase]:
+    # NCCL trees are chains inside a node and double binary trees across nodes; each rank
+    # sends 2S in total (see module docstring), charged on the links its chain/tree edges use.
+    n = len(ranks)
+    chain = _node_ordered(cluster, ranks)
+    phase = _phase("tree_all_reduce", ranks, 2 * math.ceil(math.log2(n)),
+                   _ring(chain, 2 * size), cluster, bw)
+    return [phase]
+
+
+def _hierarchical_all_reduce(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
+                             bw: dict[str, float]) -> list[CommPhase]:
+    nodes = _by_node(cluster, ranks)
+    sizes = {len(m) for m in nodes.values()}
+    if len(nodes) < 2 or len(sizes) != 1:
+        raise SpecError(
+            f"hierarchical all-reduce needs ranks on >= 2 nodes with the same count on each; "
+            f"got {({node: len(m) for node, m in nodes.items()})} ranks per node")
+    k = sizes.pop()
+    num_nodes = len(nodes)
+    phases: list[CommPhase] = []
+    if k > 1:
+        intra = [t for m in nodes.values() for t in _ring(m, (k - 1) / k * size)]
+        phases.append(_phase("intra_node_reduce_scatter", ranks, k - 1, intra, cluster, bw))
+    inter: list[Transfer] = []
+    members = list(nodes.values())
+    for local in range(k):
+        inter += _ring([m[local] for m in members], 2 * (num_nodes - 1) / num_nodes * size / k)
+    phases.append(_phase("inter_node_all_reduce", ranks, 2 * (num_nodes - 1), inter,
+                         cluster, bw))
+    if k > 1:
+        phases.append(_phase("intra_node_all_gather", ranks, k - 1, intra, cluster, bw))
+    return phases
+
+
+def _hierarchical_applies(ranks: tuple[int, ...], cluster: ClusterTopology) -> bool:
+    counts = [len(m) for m in _by_node(cluster, ranks).values()]
+    return len(counts) >= 2 and len(set(counts)) == 1 and counts[0] >= 2
+
+
+def _ring_half(name: str) -> Callable[..., list[CommPhase]]:
+    def build(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
+              bw: dict[str, float]) -> list[CommPhase]:
+        n = len(ranks)
+        ring = _node_ordered(cluster, ranks)
+        return [_phase(name, ranks, n - 1, _ring(ring, (n - 1) / n * size), cluster, bw)]
+
+    return build
+
+
+def _all_to_all(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
+                bw: dict[str, float]) -> list[CommPhase]:
+    n = len(ranks)
+    transfers = [(s, d, size / n) for s in ranks for d in ranks if s != d]
+    return [_phase("pairwise_all_to_all", ranks, n - 1, transfers, cluster, bw)]
+
+
+def _p2p(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
+         bw: dict[str, float]) -> list[CommPhase]:
+    if len(ranks) != 2:
+        raise SpecError(f"p2p needs ranks=(src, dst); got {ranks}")
+    return [_phase("p2p", ranks, 1, [(ranks[0], ranks[1], size)], cluster, bw)]
+
+
+_ALGORITHMS: dict[str, dict[str, Callable[..., list[CommPhase]]]] = {
+    "all_reduce": {"ring": _ring_all_reduce, "hierarchical": _hierarchical_all_reduce,
+                   "tree": _tree_all_reduce},
+    "all_gather": {"ring": _ring_half("ring_all_gather")},
+    "reduce_scatter": {"ring": _ring_half("ring_reduce_scatter")},
+    "all_to_all": {"pairwise": _all_to_all},
+    "p2p": {"direct": _p2p},
+}
+"""Per collective kind, its algorithms; under "auto" they are tried in this order."""
+
+
+def collective_kinds() -> list[str]:
+    """Collective kinds `plan_collective` knows."""
+    return sorted(_ALGORITHMS)
+
+
+def plan_collective(
+    kind: str,
+    ranks: tuple[int, ...],
+    size_bytes: float,
+    cluster: ClusterTopology,
+    algorithm: str = "auto",
+) -> list[CommPhase]:
+    """Plan collective `kind` over `ranks` as phases run in sequence (see module docstring).
+
+    Args:
+        kind: ``all_reduce``, ``all_gather``, ``reduce_scatter`` (S = full tensor),
+            ``all_to_all`` (S = one rank's send buffer) or ``p2p`` (ranks = (src, dst)).
+        ranks: the group (order ignored except for p2p; rings go in (node, rank) order).
+        size_bytes: S.
+        cluster: anything with ``path``, ``node_of`` and ``ranks_of_node`` (the Cluster).
+        algorithm: ``auto`` (the fastest alone; all-reduce tries ring, hierarchical when the
+            group spans nodes evenly, and tree), or ``ring`` / ``tree`` / ``hierarchical`` /
+            ``pairwise`` / ``direct`` as the kind allows.
+
+    Returns:
+        The phases; empty for a group of one rank.
+
+    Raises:
+        UnknownNameError: unknown kind or algorithm. SpecError: bad ranks or size.
+    """
+    algorithms = _ALGORITHMS.get(kind)
+    if algorithms is None:
+        raise unknown_name("collective", kind, _ALGORITHMS)
+    if algorithm != "auto" and algorithm not in algorithms:
+        raise unknown_name(f"{kind} algorithm", algorithm, [*algorithms, "auto"])
+    ranks = tuple(ranks)
+    if not ranks or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks):
+        raise SpecError(f"collective {kind} ranks={ranks} must be non-empty ranks >= 0")
+    if len(set(ranks)) != len(ranks):
+        raise SpecError(f"collective {kind} ranks={ranks} repeat a rank")
+    if not (isinstance(size_bytes, (int, float)) and math.isfinite(size_bytes)
+            and size_bytes >= 0):
+        raise SpecError(f"collective {kind} size_bytes={size_bytes!r} must be a finite number >= 0")
+    if len(ranks) == 1:
+        return []
+    if algorithm != "auto":
+        return algorithms[algorithm](ranks, float(size_bytes), cluster, {})
+    best: tuple[float, list[CommPhase]] | None = None
+    for name, build in algorithms.items():
+        if name == "hierarchical" and not _hierarchical_applies(ranks, cluster):
+            continue
+        bandwidths: dict[str, float] = {}
+        phases = build(ranks, float(size_bytes), cluster, bandwidths)
+        time_s = collective_time_s(phases, bandwidths)
+        if best is None or time_s < best[0]:
+            best = (time_s, phases)
+    assert best is not None  # every kind has at least one algorithm that always applies
+    return best[1]

@@ -1,0 +1,72 @@
+"""`simulate()`: the one API call behind `sim simulate` — resolve inputs, lower, run.
+
+Accepts names as a user types them (a zoo model name or a model file, a cluster spec or YAML
+file) or the objects themselves, so notebooks and the CLI share one path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trainsim.errors import TrainsimError, unknown_name
+
+if TYPE_CHECKING:
+    from trainsim.hwmodels.cluster import Cluster
+    from trainsim.simulator.result import SimResult
+    from trainsim.workloads.lowering import LoweringOptions
+    from trainsim.workloads.model import ModelSpec
+    from trainsim.workloads.plan import ParallelPlan
+
+ENGINES = ("simpy",)
+"""Engines `simulate` can run; the numba twin joins when it exists."""
+
+
+def resolve_model(model: str | ModelSpec) -> ModelSpec:
+    """A ModelSpec from a zoo name, a YAML/config.json path, or a ModelSpec."""
+    if isinstance(model, str):
+        from trainsim.workloads.zoo import get_model
+        return get_model(model)
+    return model
+
+
+def resolve_cluster(cluster: str | Cluster) -> Cluster:
+    """A Cluster from a short spec, a YAML path, or a Cluster."""
+    if isinstance(cluster, str):
+        from trainsim.hwmodels.cluster import parse_cluster
+        return parse_cluster(cluster)
+    return cluster
+
+
+def simulate(model: str | ModelSpec, cluster: str | Cluster, plan: ParallelPlan | dict[str, Any],
+             *, engine: str = "simpy", options: LoweringOptions | None = None) -> SimResult:
+    """Simulate one training iteration of `model` on `cluster` under `plan`.
+
+    Args:
+        model: Zoo name, model file path, or ModelSpec.
+        cluster: Cluster spec (e.g. "4xV100-SXM2-32GB"), YAML path, or Cluster.
+        plan: A ParallelPlan or a dict of its fields (checked against model and cluster).
+        engine: "simpy" (the readable reference).
+        options: Lowering options (folding, what-if switches, cost model).
+
+    Returns:
+        The SimResult of the iteration.
+    """
+    from trainsim.workloads.lowering import lower
+    from trainsim.workloads.plan import ParallelPlan
+
+    spec = resolve_model(model)
+    hw = resolve_cluster(cluster)
+    if isinstance(plan, dict):
+        plan = ParallelPlan.build(spec, hw, **plan)
+    else:
+        plan.check(spec, hw)
+    program = lower(spec, hw, plan, options)
+    return run_program(program, engine=engine)
+
+
+def run_program(program: Any, *, engine: str = "simpy") -> SimResult:
+    """Run a lowered Program on the named engine."""
+    if engine == "simpy":
+        from trainsim.simulator.engine_simpy import run_simpy
+        return run_simpy(program)
+    raise TrainsimError(str(unknown_name("engine", engine, ENGINES)))

@@ -1,0 +1,443 @@
+"""Model specifications and their op-level graphs.
+
+A `ModelSpec` is the shape of a model (what a paper's table or a Hugging Face `config.json`
+says). `build_graph(spec, micro_batch_size, seq_len)` turns it into a `ModelGraph`: an ordered
+tuple of `Layer`s (embedding, blocks, head — the units a pipeline partitioner splits by), each a
+tuple of `Op`s with their per-micro-batch costs. Identical blocks are one immutable `Layer`
+object repeated, so a 96-layer GPT-3 175B builds in about a millisecond.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from trainsim.workloads.ops import (
+    RECOMPUTE_POLICIES,
+    CommNeed,
+    Op,
+)
+
+FAMILIES = ("gpt", "llama", "t5", "bert", "moe", "wresnet")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "relu", "swiglu", "geglu")
+POSITION_EMBEDDINGS = ("learned", "rotary", "relative", "none")
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+TOKEN_ID_BYTES = 8
+"""Token ids are torch.long (int64) tensors."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """The shape of a model. Transformer fields are unused (0) for Wide-ResNet and vice versa."""
+
+    name: str
+    """Zoo name (lower case) or the user file's name."""
+    family: str
+    """One of "gpt", "llama", "t5", "bert", "moe", "wresnet"."""
+    num_layers: int = 0
+    """Transformer blocks (the encoder's for T5); bottleneck blocks for Wide-ResNet (derived)."""
+    hidden: int = 0
+    """Model width d_model; for Wide-ResNet the base channel count of the first stage."""
+    num_heads: int = 0
+    """Attention (query) heads."""
+    num_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); default `num_heads`."""
+    head_dim: int | None = None
+    """Per-head width (T5's d_kv, Megatron's kv_channels); default hidden // num_heads."""
+    ffn_hidden: int | None = None
+    """MLP inner width; default 4 * hidden."""
+    vocab_size: int = 0
+    """Vocabulary size (rows of the word embedding)."""
+    seq_len: int = 0
+    """Default training sequence length (the encoder's for T5)."""
+    max_position_embeddings: int | None = None
+    """Rows of a learned position embedding; default `seq_len`."""
+    norm: str = "layernorm"
+    """"layernorm" (weight and bias) or "rmsnorm" (weight only)."""
+    activation: str = "gelu"
+    """MLP activation: "gelu", "relu", "swiglu" or "geglu" (gated: two input projections)."""
+    bias: bool = True
+    """Whether linear layers carry biases."""
+    dropout: bool = True
+    """Whether the model trains with dropout (masks are saved activations)."""
+    position_embedding: str = "learned"
+    """"learned" (absolute), "rotary", "relative" (T5 buckets) or "none"."""
+    tied_embeddings: bool = True
+    """Whether the LM head reuses the word embedding matrix."""
+    dtype: str = "fp16"
+    """Training precision of activations: "fp16", "bf16" or "fp32"."""
+    type_vocab_size: int = 0
+    """BERT token-type embeddings (2 for BERT)."""
+    pooler: bool = False
+    """BERT: pooler and next-sentence head next to the MLM head."""
+    decoder_layers: int = 0
+    """T5: decoder blocks (with cross attention)."""
+    decoder_seq_len: int = 0
+    """T5: decoder sequence length."""
+    relative_attention_num_buckets: int = 0
+    """T5: relative position buckets (one bias table per stack)."""
+    num_experts: int = 0
+    """MoE: experts per MoE layer."""
+    top_k: int = 1
+    """MoE: experts each token is routed to."""
+    capacity_factor: float = 1.0
+    """MoE: expert capacity = capacity_factor * top_k * tokens / num_experts (GShard §2.2)."""
+    moe_layer_interval: int = 1
+    """MoE: every n-th block is an MoE block (2 = every other block)."""
+    blocks: tuple[int, ...] = ()
+    """Wide-ResNet: bottleneck blocks per stage, e.g. (3, 4, 6, 3)."""
+    width_factor: int = 0
+    """Wide-ResNet: widening of each block's 3x3 convolution."""
+    image_size: int = 0
+    """Wide-ResNet: input image height = width."""
+    num_classes: int = 0
+    """Wide-ResNet: classifier outputs."""
+    in_channels: int = 3
+    """Wide-ResNet: input image channels."""
+    source: str = ""
+    """Where the shape comes from (paper, table, config file)."""
+
+    def __post_init__(self) -> None:
+        def bad(field_name: str, why: str) -> ValueError:
+            return ValueError(f"model {self.name!r}: {field_name}={getattr(self, field_name)!r} {why}")
+
+        if self.family not in FAMILIES:
+            raise bad("family", f"is not one of {', '.join(FAMILIES)}")
+        if self.dtype not in DTYPE_BYTES:
+            raise bad("dtype", f"is not one of {', '.join(DTYPE_BYTES)}")
+        if self.family == "wresnet":
+            if not self.blocks or any(b < 1 for b in self.blocks):
+                raise bad("blocks", "must list >= 1 block per stage")
+            for name in ("hidden", "width_factor", "image_size", "num_classes", "in_channels"):
+                if getattr(self, name) < 1:
+                    raise bad(name, "must be >= 1")
+            object.__setattr__(self, "num_layers", sum(self.blocks))
+            return
+        for name in ("num_layers", "hidden", "num_heads", "vocab_size", "seq_len"):
+            if getattr(self, name) < 1:
+                raise bad(name, "must be >= 1")
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        if self.head_dim is None:
+            if self.hidden % self.num_heads:
+                raise bad("num_heads", f"does not divide hidden={self.hidden}; give head_dim")
+            object.__setattr__(self, "head_dim", self.hidden // self.num_heads)
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        if self.max_position_embeddings is None:
+            object.__setattr__(self, "max_position_embeddings", self.seq_len)
+        kv_heads = int(self.num_kv_heads)  # resolved above
+        if kv_heads < 1 or self.num_heads % kv_heads:
+            raise bad("num_kv_heads", f"must be >= 1 and divide num_heads={self.num_heads}")
+        if self.norm not in NORMS:
+            raise bad("norm", f"is not one of {', '.join(NORMS)}")
+        if self.activation not in ACTIVATIONS:
+            raise bad("activation", f"is not one of {', '.join(ACTIVATIONS)}")
+        if self.position_embedding not in POSITION_EMBEDDINGS:
+            raise bad("position_embedding", f"is not one of {', '.join(POSITION_EMBEDDINGS)}")
+        if self.family == "t5" and (self.decoder_layers < 1 or self.decoder_seq_len < 1):
+            raise bad("decoder_layers", "and decoder_seq_len must be >= 1 for T5")
+        if self.family == "moe":
+            if self.num_experts < 1 or not 1 <= self.top_k <= self.num_experts:
+                raise bad("num_experts", f"must be >= top_k={self.top_k} >= 1")
+            if self.capacity_factor <= 0 or self.moe_layer_interval < 1:
+                raise bad("capacity_factor", "must be > 0 (and moe_layer_interval >= 1)")
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per activation element."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def num_blocks(self) -> int:
+        """Transformer (or bottleneck) blocks of the whole model: encoder + decoder for T5."""
+        return self.num_layers + self.decoder_layers
+
+    @property
+    def max_seq_len(self) -> int:
+        """Longest sequence the model can embed: the learned position table's rows; 0 (no hard
+        limit) for rotary/relative/no positions and for images."""
+        if self.family == "wresnet" or self.position_embedding != "learned":
+            return 0
+        return int(self.max_position_embeddings or 0)
+
+    def parameters(self) -> int:
+        """Trainable parameters (counted from the op graph; tied weights once)."""
+        return _parameters(self)
+
+    def op_names(self) -> list[str]:
+        """Names of the ops in the model's layers, in first-seen order (per-op recompute keys)."""
+        return list(_op_names(self))
+
+    def to_dict(self) -> dict[str, object]:
+        """Fields with non-default values, in declaration order (the models.yaml schema)."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("name", "family", "source") or value != f.default:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(spec: ModelSpec) -> int:
+    return build_graph(spec, micro_batch_size=1, seq_len=None).parameters
+
+
+@functools.lru_cache(maxsize=256)
+def _op_names(spec: ModelSpec) -> tuple[str, ...]:
+    names: dict[str, None] = {}
+    for layer in build_graph(spec, micro_batch_size=1, seq_len=None).layers:
+        for op in layer.ops:
+            names.setdefault(op.name)
+    return tuple(names)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerCosts:
+    """Per-GPU totals of one layer at a given tensor/sequence/expert parallelism."""
+
+    name: str
+    kind: str
+    fwd_flops: float
+    bwd_flops: float
+    matmul_fwd_flops: float
+    """Forward FLOPs of the GEMM/convolution ops only."""
+    selective_fwd_flops: float
+    """Forward FLOPs that selective recompute runs again before the backward."""
+    fwd_bytes: float
+    bwd_bytes: float
+    params: int
+    activation_bytes: float
+    """Saved activation bytes without recompute."""
+    output_bytes: float
+    """Bytes the layer hands to the next (pipeline send size)."""
+    comm: tuple[CommNeed, ...]
+    """Collectives of the layer's ops, in op order."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layer:
+    """An ordered group of ops that a pipeline partitioner keeps together."""
+
+    name: str
+    """E.g. "embedding", "block", "encoder_block", "head"."""
+    kind: str
+    """"embedding", "transformer", "decoder", "moe_transformer", "norm", "head", "stem",
+    "conv_block"."""
+    ops: tuple[Op, ...]
+    input_bytes: float = 0.0
+    """Bytes of the layer's input (what full recompute keeps; Korthikanti et al. 2022 §5)."""
+    output_bytes: float = 0.0
+    """Bytes of the layer's output (sent to the next pipeline stage)."""
+    side_input_bytes: float = 0.0
+    """Extra input every instance needs, e.g. the encoder output for T5 cross attention."""
+    recomputable: bool = False
+    """Whether full recompute applies (transformer and conv blocks; not embedding or head)."""
+    shared_params: int = 0
+    """Parameters used here but counted in another layer (a tied LM head's embedding), which a
+    pipeline stage holding this layer alone keeps a copy of."""
+
+    @property
+    def params(self) -> int:
+        """Parameters owned by the layer."""
+        return sum(op.params for op in self.ops)
+
+    def sharded_ops(self, tp: int = 1, sp: bool = False, ep: int = 1) -> tuple[Op, ...]:
+        """Per-GPU ops under Megatron's default sharding at degree `tp` (see `Op.sharded`)."""
+        return tuple(op.sharded(tp, sp, ep) for op in self.ops)
+
+    def costs(self, tp: int = 1, sp: bool = False, ep: int = 1) -> LayerCosts:
+        """Per-GPU totals of the layer at degrees `tp`/`ep` with or without SP."""
+        ops = self.sharded_ops(tp, sp, ep)
+        out_div = tp if (sp and tp > 1 and self.kind not in ("head",)) else 1
+        return LayerCosts(
+            name=self.name, kind=self.kind,
+            fwd_flops=sum(op.fwd_flops for op in ops),
+            bwd_flops=sum(op.bwd_flops for op in ops),
+            matmul_fwd_flops=sum(op.fwd_flops for op in ops if op.is_matmul),
+            selective_fwd_flops=sum(op.fwd_flops for op in ops if op.selective_recompute),
+            fwd_bytes=sum(op.fwd_bytes for op in ops),
+            bwd_bytes=sum(op.bwd_bytes for op in ops),
+            params=sum(op.params for op in ops),
+            activation_bytes=sum(op.activation_bytes for op in ops),
+            output_bytes=self.output_bytes / out_div,
+            comm=tuple(c for op in ops for c in op.shardings[0].comm),
+        )
+
+    def activation_bytes(self, tp: int = 1, sp: bool = False, recompute: str = "none") -> float:
+        """Activation bytes one micro-batch keeps in this layer from forward to backward.
+
+        Korthikanti et al. 2022: with no recompute the sum of the ops' saved tensors (per GPT
+        block s·b·h·(34 + 5as/h), Table 2); "selective" drops the attention-core tensors but
+        keeps Q, K, V (34·s·b·h, /t with TP+SP); "full" keeps only the layer input (2·s·b·h,
+        /t with SP) for recomputable layers.
+        """
+        if recompute not in RECOMPUTE_POLICIES:
+            raise ValueError(f"recompute={recompute!r} is not one of {RECOMPUTE_POLICIES}")
+        if recompute == "full" and self.recomputable:
+            return self.input_bytes / (tp if sp else 1)
+        policy = "selective" if recompute == "selective" else "none"
+        return float(sum(op.saved_bytes(policy) for op in self.sharded_ops(tp, sp)))
+
+    def recompute_fwd_flops(self, recompute: str = "none", tp: int = 1, sp: bool = False) -> float:
+        """Forward FLOPs run again before the backward pass under `recompute`."""
+        if recompute == "full" and self.recomputable:
+            return sum(op.fwd_flops for op in self.sharded_ops(tp, sp))
+        if recompute == "selective":
+            return sum(op.fwd_flops for op in self.sharded_ops(tp, sp) if op.selective_recompute)
+        return 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelGraph:
+    """A model's ordered layers for one micro-batch of `micro_batch_size` × `seq_len` tokens."""
+
+    spec: ModelSpec
+    micro_batch_size: int
+    seq_len: int
+    """Sequence length of this graph (the encoder's for T5; 1 for images)."""
+    layers: tuple[Layer, ...]
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1 or self.seq_len < 1:
+            raise ValueError(f"micro_batch_size={self.micro_batch_size} and "
+                             f"seq_len={self.seq_len} must be >= 1")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per micro-batch, micro_batch_size × seq_len: encoder tokens for T5, images for
+        Wide-ResNet. The per-token figures below divide by this."""
+        return self.micro_batch_size * self.seq_len
+
+    @property
+    def parameters(self) -> int:
+        """Trainable parameters of the whole model."""
+        cache: dict[int, int] = {}
+        total = 0
+        for layer in self.layers:
+            key = id(layer)
+            if key not in cache:
+                cache[key] = layer.params
+            total += cache[key]
+        return total
+
+    def _sum(self, fn: Callable[[Layer], float]) -> float:
+        """Sum `fn` over the layers, evaluating it once per distinct Layer object."""
+        cache: dict[int, float] = {}
+        total = 0.0
+        for layer in self.layers:
+            key = id(layer)
+            if key not in cache:
+                cache[key] = fn(layer)
+            total += cache[key]
+        return total
+
+    @property
+    def fwd_flops(self) -> float:
+        """Forward FLOPs of one micro-batch, all ops."""
+        return self._sum(lambda la: sum(op.fwd_flops for op in la.ops))
+
+    @property
+    def bwd_flops(self) -> float:
+        """Backward FLOPs of one micro-batch, all ops."""
+        return self._sum(lambda la: sum(op.bwd_flops for op in la.ops))
+
+    @property
+    def matmul_fwd_flops(self) -> float:
+        """Forward FLOPs of the GEMMs/convolutions only (Megatron's model FLOPs count these)."""
+        return self._sum(lambda la: sum(op.fwd_flops for op in la.ops if op.is_matmul))
+
+    def training_flops(self, recompute: str = "none", matmul_only: bool = False) -> float:
+        """FLOPs of forward + backward (+ recomputed forward) of one micro-batch.
+
+        With `matmul_only` and a GPT model this is Narayanan et al. 2021, eq. (3): with full
+        recompute 96·B·s·l·h²·(1 + s/6h + V/16lh), without 72·B·s·l·h²·(1 + s/6h + V/12lh).
+        """
+        if recompute not in RECOMPUTE_POLICIES:
+            raise ValueError(f"recompute={recompute!r} is not one of {RECOMPUTE_POLICIES}")
+
+        def layer_flops(layer: Layer) -> float:
+            ops = [op for op in layer.ops if op.is_matmul or not matmul_only]
+            total = sum(op.fwd_flops + op.bwd_flops for op in ops)
+            if recompute == "full" and layer.recomputable:
+                total += sum(op.fwd_flops for op in ops)
+            elif recompute == "selective":
+                total += sum(op.fwd_flops for op in ops if op.selective_recompute)
+            return total
+
+        return self._sum(layer_flops)
+
+    @property
+    def flops_per_token(self) -> float:
+        """Training FLOPs (forward + backward, no recompute, all ops) per token."""
+        return self.training_flops("none") / self.tokens
+
+    def activation_bytes(self, tp: int = 1, sp: bool = False, recompute: str = "none") -> float:
+        """Activation bytes of one micro-batch summed over all layers (per GPU at `tp`)."""
+        return self._sum(lambda la: la.activation_bytes(tp, sp, recompute))
+
+    @property
+    def activation_bytes_per_token(self) -> float:
+        """Saved activation bytes of the whole model per token (no TP, no recompute)."""
+        return self.activation_bytes() / self.tokens
+
+    def layer_costs(self, tp: int = 1, sp: bool = False, ep: int = 1) -> tuple[LayerCosts, ...]:
+        """Per-GPU costs of every layer, in order (repeated layers computed once)."""
+        cache: dict[int, LayerCosts] = {}
+        out = []
+        for layer in self.layers:
+            key = id(layer)
+            if key not in cache:
+                cache[key] = layer.costs(tp, sp, ep)
+            out.append(cache[key])
+        return tuple(out)
+
+    def transformer_layers(self) -> tuple[Layer, ...]:
+        """The recomputable blocks (transformer or conv blocks), in order."""
+        return tuple(layer for layer in self.layers if layer.recomputable)
+
+
+def build_graph(spec: ModelSpec, micro_batch_size: int = 1, seq_len: int | None = None) -> ModelGraph:
+    """Build the op graph of `spec` for one micro-batch.
+
+    Args:
+        spec: The model.
+        micro_batch_size: Samples per micro-batch.
+        seq_len: Sequence length (encoder length for T5); default `spec.seq_len`. Ignored for
+            Wide-ResNet, whose "sequence" is one image.
+    """
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 1")
+    if seq_len is not None and seq_len < 1:
+        raise ValueError(f"seq_len={seq_len} must be >= 1")
+    builder = _builder(spec.family)
+    if spec.family == "wresnet":
+        layers = builder(spec, micro_batch_size)
+        return ModelGraph(spec=spec, micro_batch_size=micro_batch_size, seq_len=1, layers=layers)
+    s = spec.seq_len if seq_len is None else seq_len
+    layers = builder(spec, micro_batch_size, s)
+    return ModelGraph(spec=spec, micro_batch_size=micro_batch_size, seq_len=s, layers=layers)
+
+
+def _builder(family: str) -> Callable[..., tuple[Layer, ...]]:
+    """The family's layer builder, imported lazily (the builders import this module)."""
+    if family == "gpt":
+        from trainsim.workloads.gpt import build_gpt
+        return build_gpt
+    if family == "llama":
+        from trainsim.workloads.llama import build_llama
+        return build_llama
+    if family == "t5":
+        from trainsim.workloads.t5 import build_t5
+        return build_t5
+    if family == "bert":
+        from trainsim.workloads.bert import build_bert
+        return build_bert
+    if family == "moe":
+        from trainsim.workloads.moe import build_moe
+        return build_moe
+    from trainsim.workloads.wide_resnet import build_wide_resnet
+    return build_wide_resnet

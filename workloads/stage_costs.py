@@ -1,0 +1,194 @@
+"""Per-stage costs: what one pipeline instruction of one stage costs on one GPU.
+
+Lowering asks, for a (virtual) stage holding some layers, a micro-batch shape, a tensor-parallel
+degree and an SM frequency: how long do its forward, backward (or input-grad and weight-grad
+halves), and recompute take, at what power, which tensor-parallel collectives do they need, and
+how many activation bytes does one micro-batch keep from forward to backward. The answers come
+from the op graph (workloads/model.py) and an op cost model (hwmodels/opcost.py), summed per op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainsim.workloads.model import Layer
+from trainsim.workloads.ops import CommNeed, Op
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Work:
+    """Time and energy of a sequence of kernels on one GPU."""
+
+    time_s: float = 0.0
+    energy_j: float = 0.0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(time_s=self.time_s + other.time_s, energy_j=self.energy_j + other.energy_j)
+
+    @property
+    def power_w(self) -> float:
+        """Average power over the work (0 for no work)."""
+        return self.energy_j / self.time_s if self.time_s > 0 else 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InstructionCosts:
+    """Costs of one stage's pipeline instructions for one micro-batch shape on one GPU."""
+
+    forward: Work
+    backward: Work
+    """Full backward (input and weight gradients)."""
+    backward_input: Work
+    """Zero-bubble split: gradients w.r.t. inputs (and every non-GEMM backward)."""
+    backward_weight: Work
+    """Zero-bubble split: gradients w.r.t. weights (the weight-grad GEMMs)."""
+    recompute: Work
+    """Forward work run again before the backward under the plan's recompute policy."""
+    fwd_comm: tuple[CommNeed, ...]
+    """Tensor-parallel collectives of the forward (repeated by recompute)."""
+    bwd_comm: tuple[CommNeed, ...]
+    """Tensor-parallel collectives of the backward."""
+    recompute_comm: tuple[CommNeed, ...]
+    """Collectives the recomputed forward repeats."""
+    kept_activation_bytes: float
+    """Bytes one micro-batch holds from its forward until its backward."""
+    recompute_activation_bytes: float
+    """Extra bytes the recompute materialises for the backward (freed by it)."""
+    output_bytes: float
+    """Bytes the stage sends to the next stage per micro-batch (per GPU)."""
+    params: int
+    """Parameters of the stage's layers on one GPU (tied copies included)."""
+
+
+def _op_work(cost_model: Any, gpu: Any, op: Op, flops: float, nbytes: float,
+             freq_mhz: float | None, dtype: str) -> Work:
+    if flops <= 0 and nbytes <= 0:
+        return Work()
+    est = cost_model.estimate(op.kind, flops, nbytes, gpu, freq_mhz, dtype, op.shape)
+    return Work(time_s=est.time_s, energy_j=est.time_s * est.power_w)
+
+
+def _weight_share(op: Op) -> float:
+    """Share of an op's backward that computes weight gradients (ZB-H1's W).
+
+    A GEMM with weights runs two GEMMs of its forward size backward: one for the input gradient,
+    one for the weight gradient (Qi et al. 2024, §2). Ops without weights have no W part.
+    """
+    return 0.5 if (op.is_matmul and op.params > 0) else 0.0
+
+
+def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
+                      recompute: str | tuple[str, ...], cost_model: Any, gpu: Any,
+                      freq_mhz: float | None, dtype: str) -> InstructionCosts:
+    """Sum the per-GPU costs of `layers` (one stage) for one micro-batch.
+
+    Args:
+        layers: the stage's layers in order.
+        tp, sp, ep: tensor-parallel degree, sequence parallelism, expert-parallel degree.
+        recompute: "none", "selective", "full", or a tuple of op names to recompute.
+        cost_model: an `OpCostModel` (roofline or profile database).
+        gpu: the GPU type running the stage.
+        freq_mhz: SM clock (None = maximum).
+        dtype: compute precision.
+    """
+    fwd = bwd = bwd_in = bwd_w = rec = Work()
+    fwd_comm: list[CommNeed] = []
+    bwd_comm: list[CommNeed] = []
+    rec_comm: list[CommNeed] = []
+    kept = rec_bytes = 0.0
+    params = 0
+    op_list = isinstance(recompute, tuple)
+    names = set(recompute) if op_list else set()
+    cache: dict[int, tuple] = {}
+    for layer in layers:
+        key = id(layer)
+        if key not in cache:
+            cache[key] = _layer_costs(layer, tp=tp, sp=sp, ep=ep, recompute=recompute,
+                                      names=names, cost_model=cost_model, gpu=gpu,
+                                      freq_mhz=freq_mhz, dtype=dtype)
+        (l_fwd, l_bwd, l_in, l_w, l_rec, l_fc, l_bc, l_rc, l_kept, l_rbytes, l_params) = cache[key]
+        fwd, bwd, bwd_in, bwd_w, rec = fwd + l_fwd, bwd + l_bwd, bwd_in + l_in, bwd_w + l_w, \
+            rec + l_rec
+        fwd_comm += l_fc
+        bwd_comm += l_bc
+        rec_comm += l_rc
+        kept += l_kept
+        rec_bytes += l_rbytes
+        params += l_params
+    last = layers[-1]
+    out_bytes = last.output_bytes / (tp if (sp and tp > 1 and last.kind != "head") else 1)
+    return InstructionCosts(
+        forward=fwd, backward=bwd, backward_input=bwd_in, backward_weight=bwd_w, recompute=rec,
+        fwd_comm=tuple(fwd_comm), bwd_comm=tuple(bwd_comm), recompute_comm=tuple(rec_comm),
+        kept_activation_bytes=kept, recompute_activation_bytes=rec_bytes,
+        output_bytes=out_bytes, params=params)
+
+
+def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | tuple[str, ...],
+                 names: set[str], cost_model: Any, gpu: Any, freq_mhz: float | None,
+                 dtype: str) -> tuple:
+    ops = layer.sharded_ops(tp, sp, ep)
+    fwd = bwd = bwd_in = bwd_w = rec = Work()
+    fc: list[CommNeed] = []
+    bc: list[CommNeed] = []
+    rc: list[CommNeed] = []
+    full = recompute == "full" and layer.recomputable
+    for op in ops:
+        f = _op_work(cost_model, gpu, op, op.fwd_flops, op.fwd_bytes, freq_mhz, dtype)
+        share = _weight_share(op)
+        if share > 0:
+            w = _op_work(cost_model, gpu, op, op.bwd_flops * share, op.bwd_bytes * share,
+                         freq_mhz, dtype)
+            i = _op_work(cost_model, gpu, op, op.bwd_flops * (1 - share),
+                         op.bwd_bytes * (1 - share), freq_mhz, dtype)
+            b = _op_work(cost_model, gpu, op, op.bwd_flops, op.bwd_bytes, freq_mhz, dtype)
+        else:
+            w = Work()
+            b = i = _op_work(cost_model, gpu, op, op.bwd_flops, op.bwd_bytes, freq_mhz, dtype)
+        fwd, bwd, bwd_in, bwd_w = fwd + f, bwd + b, bwd_in + i, bwd_w + w
+        comm = op.shardings[0].comm
+        fc += [c for c in comm if c.phase == "fwd"]
+        bc += [c for c in comm if c.phase == "bwd"]
+        redo = full or (recompute == "selective" and op.selective_recompute) or op.name in names
+        if redo:
+            rec = rec + f
+            if full or op.name in names:
+                rc += [c for c in comm if c.phase == "fwd"]
+    if full:
+        kept = layer.activation_bytes(tp, sp, "full")
+        extra = layer.activation_bytes(tp, sp, "none") - kept
+    elif recompute == "selective":
+        kept = layer.activation_bytes(tp, sp, "selective")
+        extra = layer.activation_bytes(tp, sp, "none") - kept
+    else:
+        kept = layer.activation_bytes(tp, sp, "none")
+        dropped = sum(op.activation_bytes for op in ops if op.name in names)
+        kept, extra = kept - dropped, dropped
+    params = sum(op.params for op in ops) + _shared_params(layer, tp)
+    return (fwd, bwd, bwd_in, bwd_w, rec, tuple(fc), tuple(bc), tuple(rc), kept, extra, params)
+
+
+def _shared_params(layer: Layer, tp: int) -> int:
+    """Tied weights a stage keeps a copy of (a tied LM head's embedding), sharded like it."""
+    return -(-layer.shared_params // tp) if layer.shared_params else 0
+
+
+def optimizer_bytes_per_param(dtype: str) -> tuple[float, float, float]:
+    """(weight, gradient, optimizer-state) bytes per parameter for Adam training.
+
+    Mixed precision (fp16/bf16): 2 + 2 + 12 (fp32 master weights, momentum, variance;
+    Rajbhandari et al. 2020, ZeRO §3.1). fp32: 4 + 4 + 8 (momentum, variance).
+    """
+    if dtype == "fp32":
+        return 4.0, 4.0, 8.0
+    return 2.0, 2.0, 12.0
+
+
+ADAM_STEP_BYTES_PER_PARAM = 28.0
+"""Bytes an Adam step reads and writes per parameter it updates (mixed precision): reads the
+fp32 master weight, the gradient (2), momentum and variance (4 each); writes master, momentum,
+variance (4 each) and the fp16 weight (2). 4+2+4+4 + 4+4+4+2 = 28."""
+ADAM_STEP_FLOPS_PER_PARAM = 12.0
+"""Elementwise FLOPs of one Adam update per parameter (moments, bias correction, update)."""
