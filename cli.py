@@ -14,6 +14,7 @@ import typer
 
 from trainsim.errors import TrainsimError
 from trainsim.hwmodels.hw_commands import app as hw_app
+from trainsim.simulator.simulate_command import simulate_command
 from trainsim.workloads.models_commands import app as models_app
 
 app = typer.Typer(
@@ -25,6 +26,7 @@ app = typer.Typer(
 )
 app.add_typer(hw_app, name="hw")
 app.add_typer(models_app, name="models")
+app.command("simulate")(simulate_command)
 
 
 def fail(message: str) -> None:

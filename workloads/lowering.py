@@ -14,10 +14,9 @@ One training iteration becomes tasks on per-rank streams:
 
 **Folding.** Members of one tensor-parallel group and data-parallel replicas behave identically,
 so by default each pipeline stage is one program rank standing for its dp×tp GPUs. A folded
-collective keeps its real links; where several folded copies would cross one link at once (the
-tp groups' data-parallel all-reduces through one NIC), its bytes are multiplied by the largest
-number of copies on any of its links — exact when the shared link is the bottleneck, as it is
-for a NIC. `LoweringOptions(fold=False)` lowers every GPU as its own rank (stages whose GPUs are
+collective keeps its real links; where N folded copies would cross one link at once (the tp
+groups' data-parallel all-reduces through one NIC), it crosses that link as ``<id>/N`` with
+1/N of its bandwidth, so alone it takes exactly as long as the N concurrent copies would. `LoweringOptions(fold=False)` lowers every GPU as its own rank (stages whose GPUs are
 of mixed types are never folded).
 """
 
@@ -238,17 +237,20 @@ class _Lowering:
         if not self.opt.communication or size_bytes <= 0 or len(copies[0]) < 2:
             return []
         phases = self._phases(kind, copies[0], size_bytes)
-        mult = self._multiplicity(kind, copies, size_bytes) if self.fold and len(copies) > 1 else 1
+        load = self._link_load(kind, copies, size_bytes) if self.fold else {}
         ids: list[int] = []
         prev = list(deps)
         for merged in _merge_phases(phases):
-            for link in merged.links:
-                self.links.setdefault(link, self.cluster.link(link).bandwidth_bytes_per_s)
+            links: list[str] = []
+            for link in merged.links if merged.bytes_per_link > 0 else ():
+                n = load.get(link, 1)
+                lid = link if n <= 1 else f"{link}/{n}"
+                self.links.setdefault(lid, self.cluster.link(link).bandwidth_bytes_per_s / n)
+                links.append(lid)
             task = _Pending(name=name, kind=kind, ranks=prog_ranks, stream=stream,
                             duration_s=merged.latency_s,
-                            comm_bytes=merged.bytes_per_link * mult if merged.links else 0.0,
-                            links=merged.links if merged.bytes_per_link > 0 else (),
-                            deps=prev, **meta)
+                            comm_bytes=merged.bytes_per_link if links else 0.0,
+                            links=tuple(links), deps=prev, **meta)
             prev = [self._add(task)]
             ids.append(prev[0])
         return ids
@@ -259,17 +261,22 @@ class _Lowering:
                                      self.opt.collective_algorithm if kind == "all_reduce"
                                      else "auto"))
 
-    def _multiplicity(self, kind: str, copies: list[tuple[int, ...]], size: float) -> int:
-        """Most folded copies of this collective that load one link of the first copy."""
+    def _link_load(self, kind: str, copies: list[tuple[int, ...]], size: float
+                   ) -> dict[str, int]:
+        """How many folded copies of this collective load each link of the first copy.
+
+        A folded task crosses link ``l`` as ``l/N`` with bandwidth bw/N when N copies share it
+        (e.g. eight tp groups' data-parallel all-reduces through one NIC): alone, its time is
+        then exactly that of the N concurrent copies, whichever link is the bottleneck.
+        """
         key = (kind, tuple(copies), size)
-        cache = self.__dict__.setdefault("_mult_cache", {})
+        cache = self.__dict__.setdefault("_load_cache", {})
         if key not in cache:
             load: Counter[str] = Counter()
             for group in copies:
                 for phase in self._phases(kind, group, size):
                     load.update(set(phase.links))
-            mine = {link for ph in self._phases(kind, copies[0], size) for link in ph.links}
-            cache[key] = max((load[link] for link in mine), default=1)
+            cache[key] = dict(load)
         return cache[key]
 
     def tp_comm_time_s(self, needs: tuple[CommNeed, ...], group: tuple[int, ...]) -> float:

@@ -168,6 +168,7 @@ def test_freeze_of_an_empty_program() -> None:
 
 def test_task_accepts_lists_and_stores_tuples() -> None:
     """ranks, links and deps given as lists are stored as tuples (hashable, immutable)."""
-    task = Task(name="t", kind="p2p", ranks=[0, 1], stream="pp", duration_s=0.0, links=["l"],
-                deps=[3])
+    task = Task(
+        name="t", kind="p2p", ranks=[0, 1], stream="pp", duration_s=0.0, links=["l"], deps=[3]
+    )
     assert (task.ranks, task.links, task.deps) == ((0, 1), ("l",), (3,))
