@@ -1,0 +1,59 @@
+"""Packaging: the wheel holds only `trainsim/…`, and `sim --help` works from any folder."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _sim_command() -> list[str]:
+    exe = shutil.which("sim")
+    return [exe] if exe else [sys.executable, "-m", "trainsim.cli"]
+
+
+def test_sim_help_from_any_folder(tmp_path: Path) -> None:
+    """`sim --help` runs outside the repository and lists the command groups."""
+    out = subprocess.run([*_sim_command(), "--help"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for group in ("hw", "models", "simulate"):
+        assert group in out.stdout
+
+
+def test_wheel_contains_only_trainsim(tmp_path: Path) -> None:
+    """A wheel built from the tracked files holds nothing outside `trainsim/` (and its
+    dist-info), ships the data files, and leaves tests/bench/traces out."""
+    if not (REPO / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("needs a git checkout to list tracked files")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
+    src = tmp_path / "src"
+    for name in files:
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
+    dist = tmp_path / "dist"
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)]
+    # Build with the installed setuptools when it is recent enough; else let pip isolate.
+    build = subprocess.run([*cmd, "--no-build-isolation"], capture_output=True, text=True,
+                           timeout=300)
+    if build.returncode != 0:
+        build = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if build.returncode != 0:
+        pytest.fail(f"wheel build failed: {build.stderr[-2000:]}")
+    wheel = next(dist.glob("trainsim-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    outside = [n for n in names if not n.startswith(("trainsim/", "trainsim-"))]
+    assert outside == []
+    assert "trainsim/cli.py" in names
+    assert "trainsim/hwmodels/data/gpus.json" in names
+    assert "trainsim/workloads/data/models.yaml" in names
+    assert not any(n.startswith("trainsim/tests/") or n.startswith("trainsim/bench/")
+                   for n in names)
