@@ -14,7 +14,9 @@ import typer
 
 from trainsim.errors import TrainsimError
 from trainsim.hwmodels.hw_commands import app as hw_app
+from trainsim.search.energy_commands import app as energy_app
 from trainsim.simulator.simulate_command import simulate_command
+from trainsim.validate.commands import register as register_validation
 from trainsim.workloads.models_commands import app as models_app
 
 app = typer.Typer(
@@ -27,6 +29,8 @@ app = typer.Typer(
 app.add_typer(hw_app, name="hw")
 app.add_typer(models_app, name="models")
 app.command("simulate")(simulate_command)
+app.add_typer(energy_app, name="energy")
+register_validation(app)
 
 
 def fail(message: str) -> None:

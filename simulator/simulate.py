@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from trainsim.workloads.model import ModelSpec
     from trainsim.workloads.plan import ParallelPlan
 
-ENGINES = ("simpy",)
-"""Engines `simulate` can run; the numba twin joins when it exists."""
+ENGINES = ("numba", "simpy")
+"""Engines `simulate` can run: the compiled twin (default) and the SimPy reference."""
 
 
 def resolve_model(model: str | ModelSpec) -> ModelSpec:
@@ -38,14 +38,14 @@ def resolve_cluster(cluster: str | Cluster) -> Cluster:
 
 
 def simulate(model: str | ModelSpec, cluster: str | Cluster, plan: ParallelPlan | dict[str, Any],
-             *, engine: str = "simpy", options: LoweringOptions | None = None) -> SimResult:
+             *, engine: str = "numba", options: LoweringOptions | None = None) -> SimResult:
     """Simulate one training iteration of `model` on `cluster` under `plan`.
 
     Args:
         model: Zoo name, model file path, or ModelSpec.
         cluster: Cluster spec (e.g. "4xV100-SXM2-32GB"), YAML path, or Cluster.
         plan: A ParallelPlan or a dict of its fields (checked against model and cluster).
-        engine: "simpy" (the readable reference).
+        engine: "numba" (fast, default) or "simpy" (the readable reference).
         options: Lowering options (folding, what-if switches, cost model).
 
     Returns:
@@ -64,8 +64,11 @@ def simulate(model: str | ModelSpec, cluster: str | Cluster, plan: ParallelPlan 
     return run_program(program, engine=engine)
 
 
-def run_program(program: Any, *, engine: str = "simpy") -> SimResult:
-    """Run a lowered Program on the named engine."""
+def run_program(program: Any, *, engine: str = "numba") -> SimResult:
+    """Run a lowered Program on the named engine ("numba" by default, or "simpy")."""
+    if engine == "numba":
+        from trainsim.simulator.engine_numba import run_numba
+        return run_numba(program)
     if engine == "simpy":
         from trainsim.simulator.engine_simpy import run_simpy
         return run_simpy(program)

@@ -9,8 +9,12 @@ One training iteration becomes tasks on per-rank streams:
   them synchronously between GEMMs, so their sum after the compute gives the same total time);
 * ``pp:<src>><dst>`` — point-to-point activation/gradient transfers between consecutive stages,
   one FIFO channel per stage boundary and direction, shared by both ends;
+* ``ep`` — expert-parallel all-to-alls (MoE dispatch/combine) over each stage's ep groups;
 * ``dp`` — data-parallel gradient synchronisation, bucketed (PyTorch DDP's 25 MiB default) and
-  overlapped with the last micro-batch's backward, plus ZeRO traffic.
+  overlapped with the last micro-batch's backward, plus ZeRO traffic (ZeRO-1/2 parameter
+  all-gather after the step; ZeRO-3 parameter gathers before every pass).
+
+Communication tasks are built by `lowering_comm.CommLowering`.
 
 **Folding.** Members of one tensor-parallel group and data-parallel replicas behave identically,
 so by default each pipeline stage is one program rank standing for its dp×tp GPUs. A folded
@@ -23,15 +27,14 @@ of mixed types are never folded).
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainsim.errors import PlanError
 from trainsim.simulator.actions import Action, infer_stage_to_rank
-from trainsim.simulator.collectives import CommPhase, collective_time_s, plan_collective
 from trainsim.simulator.program import Program, Task
 from trainsim.simulator.schedules import explicit, get_schedule
+from trainsim.workloads.lowering_comm import CommLowering, Need, kind_of
 from trainsim.workloads.model import ModelGraph, build_graph
 from trainsim.workloads.ops import CommNeed
 from trainsim.workloads.plan import MicroBatch, ParallelPlan
@@ -39,6 +42,7 @@ from trainsim.workloads.stage_costs import (
     ADAM_STEP_BYTES_PER_PARAM,
     ADAM_STEP_FLOPS_PER_PARAM,
     InstructionCosts,
+    Work,
     instruction_costs,
     optimizer_bytes_per_param,
 )
@@ -51,7 +55,9 @@ class LoweringOptions:
     """Switches for what-if analyses and tests; the defaults model a real run."""
 
     fold: bool = True
-    """Fold identical ranks (tp members, dp replicas) into one program rank per stage."""
+    """Fold identical ranks (tp members, dp replicas) into one program rank per stage. Exact on
+    one homogeneous node; across nodes, different folded collectives meeting on one NIC share
+    it per task rather than per copy (lowering_comm.py), a small approximation."""
     communication: bool = True
     """Model communication (False: every collective and transfer is free)."""
     embedding_and_head: bool = True
@@ -108,7 +114,7 @@ class _Lowering:
         else:
             self.cost_model = options.cost_model
         self.tasks: list[_Pending] = []
-        self.links: dict[str, float] = {}
+        self.comm = CommLowering(cluster, options.collective_algorithm, self._add_fields)
         self.micro_batches = plan.micro_batch_list(model.seq_len or 1)
         self.stage_gpu_ranks = self._place_stages()
         self.order = self._schedule()
@@ -125,6 +131,7 @@ class _Lowering:
         else:
             self.num_ranks = cluster.num_gpus
             self.represents = [(r,) for r in range(cluster.num_gpus)]
+        self.rank_stage = {r: s for s, ranks in enumerate(self.stage_gpu_ranks) for r in ranks}
 
     # ------------------------------------------------------------------ placement & schedule
     def _place_stages(self) -> list[list[int]]:
@@ -211,7 +218,7 @@ class _Lowering:
 
     # ------------------------------------------------------------------ groups
     def tp_groups(self, s: int) -> list[tuple[int, ...]]:
-        """Physical tensor-parallel groups of stage `s`."""
+        """Physical tensor-parallel groups of stage `s` (consecutive ranks, tp innermost)."""
         t = self.plan.tp_of_stage(s)
         ranks = self.stage_gpu_ranks[s]
         return [tuple(ranks[i:i + t]) for i in range(0, len(ranks), t)]
@@ -222,96 +229,66 @@ class _Lowering:
         ranks = self.stage_gpu_ranks[s]
         return [tuple(ranks[i::t]) for i in range(t)]
 
+    def ep_groups(self, s: int) -> list[tuple[int, ...]]:
+        """Physical expert-parallel groups of stage `s`: `ep` consecutive data-parallel ranks
+        of one tp index (DeepSpeed-MoE's layout) when ep divides the stage's dp degree, else
+        `ep` consecutive ranks of the stage (experts then span tensor-parallel ranks too)."""
+        ep, ranks = self.plan.ep, self.stage_gpu_ranks[s]
+        if self.plan.dp_of_stage(s) % ep == 0:
+            return [g[i:i + ep] for g in self.dp_groups(s) for i in range(0, len(g), ep)]
+        return [tuple(ranks[i:i + ep]) for i in range(0, len(ranks), ep)]
+
     def units(self, s: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-        """(program ranks, physical tp group) per replica unit of stage `s`."""
+        """(program ranks, physical tp group) per replica unit of stage `s`: the whole folded
+        stage, or each tensor-parallel group when unfolded."""
         if self.fold:
             return [((s,), self.tp_groups(s)[0])]
         return [(g, g) for g in self.tp_groups(s)]
 
-    # ------------------------------------------------------------------ communication
-    def comm_tasks(self, kind: str, name: str, stream: str, prog_ranks: tuple[int, ...],
-                   copies: list[tuple[int, ...]], size_bytes: float, deps: list[int],
-                   **meta: Any) -> list[int]:
-        """Tasks of a collective over physical `copies[0]` (other copies run concurrently when
-        folded); returns their ids in order (each depends on the previous)."""
-        if not self.opt.communication or size_bytes <= 0 or len(copies[0]) < 2:
-            return []
-        phases = self._phases(kind, copies[0], size_bytes)
-        load = self._link_load(kind, copies, size_bytes) if self.fold else {}
-        ids: list[int] = []
-        prev = list(deps)
-        for merged in _merge_phases(phases):
-            links: list[str] = []
-            for link in merged.links if merged.bytes_per_link > 0 else ():
-                n = load.get(link, 1)
-                lid = link if n <= 1 else f"{link}/{n}"
-                self.links.setdefault(lid, self.cluster.link(link).bandwidth_bytes_per_s / n)
-                links.append(lid)
-            task = _Pending(name=name, kind=kind, ranks=prog_ranks, stream=stream,
-                            duration_s=merged.latency_s,
-                            comm_bytes=merged.bytes_per_link if links else 0.0,
-                            links=tuple(links), deps=prev, **meta)
-            prev = [self._add(task)]
-            ids.append(prev[0])
-        return ids
+    def _cross_unit(self, s: int, groups: list[tuple[int, ...]], needs: list[Need], *,
+                    name: str, kind: str, stream: str, last: dict[int, list[int]],
+                    meta: dict[str, Any], **task: Any) -> dict[int, list[int]]:
+        """Collectives over groups that may span several units (expert-parallel all-to-alls,
+        ZeRO-3 parameter gathers): each group waits for `last` of every unit it touches, and
+        every unit then waits for the groups holding its ranks. Returns the new `last`."""
+        if not needs or not self.opt.communication or len(groups[0]) < 2:
+            return last
+        if self.fold:
+            ids = self.comm.tasks(needs, name=name, kind=kind, stream=stream, prog_ranks=(s,),
+                                  copies=groups, deps=last[0], meta={**meta, **task})
+            return {0: ids[-1:] or last[0]}
+        unit_of = {r: u for u, (prog, _) in enumerate(self.units(s)) for r in prog}
+        out: dict[int, list[int]] = {u: [] for u in last}
+        for group in groups:
+            touched = sorted({unit_of[r] for r in group})
+            deps = sorted({d for u in touched for d in last[u]})
+            ids = self.comm.tasks(needs, name=name, kind=kind, stream=stream, prog_ranks=group,
+                                  copies=[group], deps=deps, meta={**meta, **task})
+            for u in touched:
+                out[u] += ids[-1:] or last[u]
+        return {u: sorted(set(v)) for u, v in out.items()}
 
-    @functools.cache  # noqa: B019
-    def _phases(self, kind: str, group: tuple[int, ...], size: float) -> tuple[CommPhase, ...]:
-        return tuple(plan_collective(kind, group, size, self.cluster,
-                                     self.opt.collective_algorithm if kind == "all_reduce"
-                                     else "auto"))
-
-    def _link_load(self, kind: str, copies: list[tuple[int, ...]], size: float
-                   ) -> dict[str, int]:
-        """How many folded copies of this collective load each link of the first copy.
-
-        A folded task crosses link ``l`` as ``l/N`` with bandwidth bw/N when N copies share it
-        (e.g. eight tp groups' data-parallel all-reduces through one NIC): alone, its time is
-        then exactly that of the N concurrent copies, whichever link is the bottleneck.
-        """
-        key = (kind, tuple(copies), size)
-        cache = self.__dict__.setdefault("_load_cache", {})
-        if key not in cache:
-            load: Counter[str] = Counter()
-            for group in copies:
-                for phase in self._phases(kind, group, size):
-                    load.update(set(phase.links))
-            cache[key] = dict(load)
-        return cache[key]
-
-    def tp_comm_time_s(self, needs: tuple[CommNeed, ...], group: tuple[int, ...]) -> float:
-        """Time of an instruction's tensor-parallel collectives run alone (folded ranks)."""
-        total = 0.0
-        for need in needs:
-            phases = self._phases(need.collective, group, need.size_bytes)
-            bw = {link: self.cluster.link(link).bandwidth_bytes_per_s
-                  for ph in phases for link in ph.links}
-            total += collective_time_s(phases, bw)
-        return total
-
-    def tp_tasks(self, needs: tuple[CommNeed, ...], prog: tuple[int, ...],
-                 group: tuple[int, ...], deps: list[int], **meta: Any) -> list[int]:
-        """The tensor-parallel collectives of one instruction; returns the last task id(s)."""
+    def tp_tasks(self, needs: tuple[CommNeed, ...], s: int, prog: tuple[int, ...],
+                 group: tuple[int, ...], deps: list[int], name: str,
+                 meta: dict[str, Any]) -> list[int]:
+        """The tensor-parallel collectives of one instruction, right after its compute
+        (Megatron runs them synchronously between GEMMs, so their sum after the compute takes
+        the same total time); returns what the next step waits for."""
         if not needs or len(group) < 2 or not self.opt.communication:
             return deps
-        if self.fold:
-            t = self.tp_comm_time_s(needs, group)
-            kind = needs[0].collective if len({n.collective for n in needs}) == 1 else "tp_comm"
-            return [self._add(_Pending(name=f"tp.{meta.get('name', '')}", kind=kind, ranks=prog,
-                                       stream="tp", duration_s=t, deps=list(deps),
-                                       **_strip(meta)))]
-        last = list(deps)
-        for need in needs:
-            ids = self.comm_tasks(need.collective, f"tp.{meta.get('name', '')}", "tp", prog,
-                                  [group], need.size_bytes, last, **_strip(meta))
-            if ids:
-                last = [ids[-1]]
-        return last
+        pairs = [(n.collective, n.size_bytes) for n in needs]
+        copies = self.tp_groups(s) if self.fold else [group]
+        ids = self.comm.tasks(pairs, name=f"tp.{name}", kind=kind_of(pairs), stream="tp",
+                              prog_ranks=prog, copies=copies, deps=deps, meta=meta)
+        return ids[-1:] or deps
 
     # ------------------------------------------------------------------ build
     def _add(self, task: _Pending) -> int:
         self.tasks.append(task)
         return len(self.tasks) - 1
+
+    def _add_fields(self, fields: dict[str, Any]) -> int:
+        return self._add(_Pending(**fields))
 
     def build(self) -> Program:
         """Create every task: pipeline instructions rank by rank in schedule order, then the
@@ -323,7 +300,8 @@ class _Lowering:
         self.recv: dict[tuple[int, str, int, int], list[int]] = {}
         self.patch: list[tuple[int, tuple[int, str, int, int]]] = []
         self.dp_tail: dict[int, list[int]] = {r: [] for r in range(self.num_ranks)}
-        final_kind = {}  # vstage -> "W" when its backward is split (zero bubble), else "B"
+        self.history: dict[tuple[int, int], list[int]] = {}  # (stage, unit) -> compute ids
+        final_kind: dict[int, str] = {}  # vstage -> "W" when its backward is split, else "B"
         last_bwd: dict[int, tuple[str, int]] = {}
         for acts in self.order.values():
             for a in acts:
@@ -337,66 +315,113 @@ class _Lowering:
                 c = self.costs(a.stage, (mb.batch_size, mb.seq_len), self.freq(a.stage, a))
                 sync = (last_bwd.get(a.stage) == (a.kind, a.micro_batch)
                         and plan.dp_of_stage(phys) > 1 and self.opt.communication)
-                buckets = self._buckets(c) if sync else 1
-                per_bucket: list[dict[int, int]] = [{} for _ in range(buckets)]
-                for u, (prog, group) in enumerate(self.units(phys)):
-                    self._instruction(a, u, prog, group, c, final_kind.get(a.stage, "B"),
-                                      per_bucket)
+                per_bucket: list[dict[int, int]] = [{} for _ in
+                                                     range(self._buckets(c) if sync else 1)]
+                self._instruction(a, phys, c, final_kind.get(a.stage, "B"), per_bucket)
                 if sync:
                     self._dp_sync(a.stage, phys, c, per_bucket)
         for tid, key in self.patch:
             self.tasks[tid].deps.extend(self.recv.get(key, ()))
         if self.opt.optimizer_step:
-            self._optimizer(self.dp_tail)
+            self._optimizer()
         return self._program()
 
-    def _instruction(self, a: Action, u: int, prog: tuple[int, ...], group: tuple[int, ...],
-                     c: InstructionCosts, final_kind: str, per_bucket: list[dict[int, int]]
-                     ) -> None:
-        """Tasks of one pipeline instruction on one replica unit (a tp group, or a folded
-        stage): optional recompute, the compute (split into gradient buckets when the
-        data-parallel sync overlaps it), its tensor-parallel collectives, and the send."""
+    def _instruction(self, a: Action, phys: int, c: InstructionCosts, final_kind: str,
+                     per_bucket: list[dict[int, int]]) -> None:
+        """Tasks of one pipeline instruction on every replica unit of its stage: ZeRO-3
+        parameter gather, recompute (with its collectives), the compute (split into gradient
+        buckets when the data-parallel sync overlaps it), its tensor- and expert-parallel
+        collectives, and the send to the neighbouring stage."""
         k, j = a.stage, a.micro_batch
+        units = self.units(phys)
         meta = {"micro_batch": j, "stage": k, "first_layer": self.stage_layers[k][0],
-                    "last_layer": self.stage_layers[k][-1]}
-        deps: list[int] = []
+                "last_layer": self.stage_layers[k][-1]}
         waits: list[tuple[int, str, int, int]] = []
         if a.kind == "F" and k > 0:
-            waits.append((k, "F", j, u))
+            waits.append((k, "F", j))
         if a.kind in ("B", "I") and k < self.plan.num_stages - 1:
-            waits.append((k, "B", j, u))
-        if a.kind in ("B", "I", "W"):
-            deps += self.done[(k, "F", j, u)]
-        if a.kind == "W":
-            deps += self.done[(k, "I", j, u)]
+            waits.append((k, "B", j))
+        last: dict[int, list[int]] = {u: [] for u in range(len(units))}
+        for u in last:
+            if a.kind in ("B", "I", "W"):
+                last[u] += self.done[(k, "F", j, u)]
+            if a.kind == "W":
+                last[u] += self.done[(k, "I", j, u)]
+        gathered = self._zero3_gather(a, phys, c, meta)
+        if gathered is not None:
+            last = {u: sorted(set(last[u]) | set(gathered[u])) for u in last}
         if a.kind in ("B", "I") and c.recompute.time_s > 0:
-            rids = self._compute(prog, "recompute", f"s{k}.R{j}", c.recompute, deps, a,
-                                 c.recompute_activation_bytes, 0.0, meta)
-            self.patch.extend((rid, key) for rid in rids for key in waits)
+            for u, (prog, group) in enumerate(units):
+                rids = self._compute(prog, "recompute", f"s{k}.R{j}", c.recompute, last[u], a,
+                                     c.recompute_activation_bytes, 0.0, meta)
+                self.patch.extend((rid, (*key, u)) for rid in rids for key in waits)
+                last[u] = self.tp_tasks(c.recompute_comm, phys, prog, group, rids,
+                                        f"s{k}.R{j}", meta)
             waits = []
-            deps = self.tp_tasks(c.recompute_comm, prog, group, rids, name=f"s{k}.R{j}", **meta)
+            last = self._ep_tasks(c.recompute_ep_comm, phys, f"s{k}.R{j}", last, meta)
         work = {"F": c.forward, "B": c.backward, "I": c.backward_input,
                 "W": c.backward_weight}[a.kind]
         alloc = c.kept_activation_bytes if a.kind == "F" else 0.0
-        if a.kind == "F":
-            self.held[(k, j, u)] = alloc
-        free = self.held.get((k, j, u), 0.0) + c.recompute_activation_bytes \
-            if a.kind == final_kind else 0.0
         n = len(per_bucket)
         name = f"s{k}.{a.kind}{j}"
-        part = type(work)(time_s=work.time_s / n, energy_j=work.energy_j / n)
-        ids: list[int] = []
-        for b in range(n):
-            ids = self._compute(prog, KIND_OF_ACTION[a.kind], name if n == 1 else f"{name}.b{b}",
-                                part, deps if b == 0 else ids, a, alloc,
-                                free if b == n - 1 else 0.0, meta)
-            if b == 0:
-                self.patch.extend((tid, key) for tid in ids for key in waits)
-            for p, tid in zip(prog, ids):
-                per_bucket[b][p] = tid
-        needs = {"F": c.fwd_comm, "B": c.bwd_comm, "I": c.bwd_comm, "W": ()}[a.kind]
-        self.done[(k, a.kind, j, u)] = self.tp_tasks(needs, prog, group, ids, name=name, **meta)
-        self._send(a, k, j, u, self.done[(k, a.kind, j, u)], meta)
+        part = Work(time_s=work.time_s / n, energy_j=work.energy_j / n)
+        for u, (prog, group) in enumerate(units):
+            if a.kind == "F":
+                self.held[(k, j, u)] = alloc
+            free = self.held.get((k, j, u), 0.0) + c.recompute_activation_bytes \
+                if a.kind == final_kind else 0.0
+            if gathered is not None:
+                free += self._zero3_bytes(phys, c)
+            ids: list[int] = last[u]
+            for b in range(n):
+                ids = self._compute(prog, KIND_OF_ACTION[a.kind],
+                                    name if n == 1 else f"{name}.b{b}", part, ids, a,
+                                    alloc if b == 0 else 0.0, free if b == n - 1 else 0.0, meta)
+                if b == 0:
+                    self.patch.extend((tid, (*key, u)) for tid in ids for key in waits)
+                for p, tid in zip(prog, ids):
+                    per_bucket[b][p] = tid
+            self.history.setdefault((phys, u), []).append(ids[0])
+            needs = {"F": c.fwd_comm, "B": c.bwd_comm, "I": c.bwd_comm, "W": ()}[a.kind]
+            last[u] = self.tp_tasks(needs, phys, prog, group, ids, name, meta)
+        ep_needs = {"F": c.fwd_ep_comm, "B": c.bwd_ep_comm, "I": c.bwd_ep_comm, "W": ()}[a.kind]
+        last = self._ep_tasks(ep_needs, phys, name, last, meta)
+        for u in last:
+            self.done[(k, a.kind, j, u)] = last[u]
+            self._send(a, u, last[u], meta)
+
+    def _ep_tasks(self, needs: tuple[CommNeed, ...], phys: int, name: str,
+                  last: dict[int, list[int]], meta: dict[str, Any]) -> dict[int, list[int]]:
+        """Expert-parallel all-to-alls (MoE dispatch/combine) over the stage's ep groups."""
+        if not needs or self.plan.ep < 2:
+            return last
+        pairs = [(n.collective, n.size_bytes) for n in needs]
+        return self._cross_unit(phys, self.ep_groups(phys), pairs, name=f"ep.{name}",
+                                kind=kind_of(pairs), stream="ep", last=last, meta=meta)
+
+    def _zero3_bytes(self, phys: int, c: InstructionCosts) -> float:
+        """Bytes a rank gathers (the parameters it does not own) before a ZeRO-3 pass."""
+        dp = self.plan.dp_of_stage(phys)
+        return c.params * optimizer_bytes_per_param(self.plan.dtype)[0] * (dp - 1) / dp
+
+    def _zero3_gather(self, a: Action, phys: int, c: InstructionCosts, meta: dict[str, Any]
+                      ) -> dict[int, list[int]] | None:
+        """ZeRO-3 (Rajbhandari et al. 2020, §5.3): every forward, and every backward that needs
+        the weights (B, I; not W), first all-gathers the stage's parameters over the
+        data-parallel group, held until the pass ends. The gather is prefetched: it may start
+        once the rank's compute two instructions earlier has ended (so it overlaps the previous
+        instruction, and at most two gathered copies are alive)."""
+        plan = self.plan
+        if plan.zero < 3 or a.kind == "W" or plan.dp_of_stage(phys) < 2 \
+                or not self.opt.communication:
+            return None
+        size = c.params * optimizer_bytes_per_param(plan.dtype)[0]
+        prefetch = {u: self.history.get((phys, u), [])[-2:-1]
+                    for u in range(len(self.units(phys)))}
+        return self._cross_unit(phys, self.dp_groups(phys), [("all_gather", size)],
+                                name=f"s{a.stage}.{a}.gather", kind="all_gather", stream="dp",
+                                last=prefetch, meta={"mem_alloc_bytes":
+                                                     self._zero3_bytes(phys, c)} | meta)
 
     def _buckets(self, c: InstructionCosts) -> int:
         """Gradient buckets of a stage (bucket size from the options, 1..16)."""
@@ -413,22 +438,19 @@ class _Lowering:
         n = len(per_bucket)
         for b in range(n):
             label = f"s{k}.dp" + ("" if n == 1 else f".b{b}")
-            if self.fold:
-                prog = (phys,)
-                ids = self.comm_tasks(kind, label, "dp", prog, copies, grad_bytes / n,
-                                      [per_bucket[b][phys]], stage=k)
-                self.dp_tail[phys].extend(ids[-1:])
-                continue
-            for group in copies:
-                deps = [per_bucket[b][r] for r in group]
-                ids = self.comm_tasks(kind, label, "dp", group, [group], grad_bytes / n, deps,
-                                      stage=k)
-                for r in group:
+            groups = [((phys,), copies)] if self.fold else [(g, [g]) for g in copies]
+            for prog, cps in groups:
+                ids = self.comm.tasks([(kind, grad_bytes / n)], name=label, kind=kind,
+                                      stream="dp", prog_ranks=prog, copies=cps,
+                                      deps=[per_bucket[b][r] for r in prog],
+                                      meta={"stage": k})
+                for r in prog:
                     self.dp_tail[r].extend(ids[-1:])
 
-    def _compute(self, prog: tuple[int, ...], kind: str, name: str, work: Any, deps: list[int],
+    def _compute(self, prog: tuple[int, ...], kind: str, name: str, work: Work, deps: list[int],
                  action: Action, alloc: float, free: float, meta: dict[str, Any]) -> list[int]:
-        """One compute task per program rank of the unit; returns their ids."""
+        """One compute task per program rank of the unit, at the instruction's SM clock
+        (the GPU's maximum when the plan sets none); returns their ids."""
         freq = self.freq(action.stage, action)
         ids = []
         for p in prog:
@@ -439,78 +461,104 @@ class _Lowering:
                                           mem_free_bytes=free, **meta)))
         return ids
 
-    def _send(self, a: Action, k: int, j: int, u: int, after: list[int],
-              meta: dict[str, Any]) -> None:
+    def boundary_bytes(self, k: int, j: int) -> float:
+        """Bytes crossing the boundary after virtual stage `k` for micro-batch `j` (per GPU):
+        the last layer's output, plus the encoder output when layers after the boundary
+        still read it (T5 cross attention; Megatron-LM sends both through its pipeline)."""
+        key = self._mb_key(j)
+        size = self.costs(k, key, None).output_bytes
+        layers = self.graphs[key].layers
+        cut = self.stage_layers[k][-1] + 1
+        side = max((la.side_input_bytes for la in layers[cut:]), default=0.0)
+        if side > 0:
+            first_reader = next(i for i, la in enumerate(layers) if la.side_input_bytes > 0)
+            if cut >= first_reader - 1:  # the encoder has finished before the boundary
+                div = self.plan.tp_of_stage(self.phys_stage(k)) if self.plan.sp else 1
+                size += side / div
+        return size
+
+    def _send(self, a: Action, u: int, after: list[int], meta: dict[str, Any]) -> None:
         """Point-to-point transfer of activations (after F) or gradients (after B/I) to the
-        matching unit of the neighbouring stage; records what the receiver waits for."""
+        neighbouring stage; records what each receiving unit waits for."""
+        k, j = a.stage, a.micro_batch
         if a.kind == "F" and k < self.plan.num_stages - 1:
-            dst, direction = k + 1, "F"
-            size = self.costs(k, self._mb_key(j), self.freq(k, None)).output_bytes
+            dst, direction, size = k + 1, "F", self.boundary_bytes(k, j)
         elif a.kind in ("B", "I") and k > 0:
-            dst, direction = k - 1, "B"
-            size = self.costs(k - 1, self._mb_key(j), self.freq(k - 1, None)).output_bytes
+            dst, direction, size = k - 1, "B", self.boundary_bytes(k - 1, j)
         else:
             return
-        key = (dst, direction, j, u)
         src_s, dst_s = self.phys_stage(k), self.phys_stage(dst)
         if src_s == dst_s or not self.opt.communication or size <= 0:
-            self.recv[key] = list(after)
+            self.recv.setdefault((dst, direction, j, u), []).extend(after)
             return
-        src_ranks, dst_ranks = self.stage_gpu_ranks[src_s], self.stage_gpu_ranks[dst_s]
-        pairs = list(zip(src_ranks, dst_ranks))
+        pairs = list(zip(self.stage_gpu_ranks[src_s], self.stage_gpu_ranks[dst_s]))
         stream = f"pp{src_s}>{dst_s}"
         label = f"s{k}>{dst}.{direction}{j}"
         if self.fold:
-            self.recv[key] = self.comm_tasks("p2p", label, stream, (src_s, dst_s), pairs, size,
-                                             after, **meta)[-1:] or list(after)
+            ids = self.comm.tasks([("p2p", size)], name=label, kind="p2p", stream=stream,
+                                  prog_ranks=(src_s, dst_s), copies=pairs, deps=after, meta=meta)
+            self.recv.setdefault((dst, direction, j, 0), []).extend(ids[-1:] or after)
             return
         unit = set(self.units(src_s)[u][0])
-        ids: list[int] = []
+        dst_unit = {r: v for v, (prog, _) in enumerate(self.units(dst_s)) for r in prog}
         for src_r, dst_r in pairs:
             if src_r in unit:
-                ids += self.comm_tasks("p2p", label, stream, (src_r, dst_r), [(src_r, dst_r)],
-                                       size, after, **meta)[-1:]
-        self.recv[key] = ids or list(after)
+                ids = self.comm.tasks([("p2p", size)], name=label, kind="p2p", stream=stream,
+                                      prog_ranks=(src_r, dst_r), copies=[(src_r, dst_r)],
+                                      deps=after, meta=meta)
+                self.recv.setdefault((dst, direction, j, dst_unit[dst_r]), []).extend(
+                    ids[-1:] or after)
 
     def _mb_key(self, j: int) -> tuple[int, int]:
         mb = self.micro_batches[j]
         return (mb.batch_size, mb.seq_len)
 
-    def _optimizer(self, dp_tail: dict[int, list[int]]) -> None:
+    def _optimizer(self) -> None:
+        """The Adam step on each rank after its last compute and gradient reduction; under
+        ZeRO-1/2 each rank updates its 1/dp shard and the shards are all-gathered (ZeRO-3
+        keeps the parameters sharded and gathers them before each pass instead)."""
         plan = self.plan
+        last_compute: dict[int, int] = {}
+        for tid, t in enumerate(self.tasks):
+            if t.stream == "compute":
+                last_compute[t.ranks[0]] = tid
+        step: dict[int, int] = {}
         for p in range(self.num_ranks):
             phys_stage = self._phys_stage_of_prog(p)
             params = self._local_params(phys_stage)
-            dp = plan.dp_of_stage(phys_stage)
-            updated = params / dp if plan.zero >= 1 else params
+            updated = params / plan.dp_of_stage(phys_stage) if plan.zero >= 1 else params
             gpu = self.cluster.gpu(self.represents[p][0])
             est = self.cost_model.estimate("elementwise", ADAM_STEP_FLOPS_PER_PARAM * updated,
                                            ADAM_STEP_BYTES_PER_PARAM * updated, gpu, None, "fp32",
                                            None)
-            deps = sorted(set(dp_tail.get(p, [])))
-            deps += [i for i in range(len(self.tasks)) if p in self.tasks[i].ranks
-                     and self.tasks[i].stream == "compute"][-1:]
-            tid = self._add(_Pending(name="optimizer", kind="optimizer", ranks=(p,),
-                                     stream="compute", duration_s=est.time_s,
-                                     power_w=est.power_w, deps=deps))
-            if plan.zero >= 1 and dp > 1 and self.opt.communication:
-                w_bytes = optimizer_bytes_per_param(plan.dtype)[0]
-                groups = self.dp_groups(phys_stage)
-                mine = groups if self.fold else [g for g in groups if p in g]
-                self.comm_tasks("all_gather", "params.all_gather", "dp", (p,) if self.fold
-                                else mine[0], mine, params * w_bytes, [tid])
+            deps = sorted(set(self.dp_tail.get(p, [])))
+            if p in last_compute:
+                deps.append(last_compute[p])
+            step[p] = self._add(_Pending(name="optimizer", kind="optimizer", ranks=(p,),
+                                         stream="compute", duration_s=est.time_s,
+                                         power_w=est.power_w, freq_mhz=gpu.sm_clock_max_mhz,
+                                         deps=deps))
+        if plan.zero not in (1, 2) or not self.opt.communication:
+            return
+        w_bytes = optimizer_bytes_per_param(plan.dtype)[0]
+        for s in range(plan.pp):
+            if plan.dp_of_stage(s) < 2:
+                continue
+            size = self._local_params(s) * w_bytes
+            groups = self.dp_groups(s)
+            calls = [((s,), groups)] if self.fold else [(g, [g]) for g in groups]
+            for prog, copies in calls:
+                self.comm.tasks([("all_gather", size)], name="params.all_gather",
+                                kind="all_gather", stream="dp", prog_ranks=prog, copies=copies,
+                                deps=[step[r] for r in prog], meta={})
 
     def _phys_stage_of_prog(self, p: int) -> int:
         if self.fold:
             return p
-        for s, ranks in enumerate(self.stage_gpu_ranks):
-            if p in ranks:
-                return s
-        raise AssertionError(p)
+        return self.rank_stage[p]
 
     def _local_params(self, phys_stage: int) -> float:
-        mb = self.micro_batches[0]
-        key = (mb.batch_size, mb.seq_len)
+        key = self._mb_key(0)
         return float(sum(self.costs(k, key, None).params for k in self.stage_layers_idx(phys_stage)))
 
     def stage_layers_idx(self, phys_stage: int) -> list[int]:
@@ -552,26 +600,6 @@ class _Lowering:
             "price_per_hour_usd": float(cluster.price_per_hour_usd),
         }
         return Program(num_ranks=self.num_ranks, tasks=tasks,
-                       link_bandwidth_bytes_per_s=dict(sorted(self.links.items())),
+                       link_bandwidth_bytes_per_s=dict(sorted(self.comm.links.items())),
                        static_memory_bytes=static, memory_capacity_bytes=capacity,
                        idle_power_w=idle, represents=self.represents, metadata=metadata)
-
-
-def _merge_phases(phases: tuple[CommPhase, ...]) -> list[CommPhase]:
-    """Merge consecutive phases over the same links into one task (same time alone, fewer
-    tasks): latencies and bytes add."""
-    out: list[CommPhase] = []
-    for ph in phases:
-        if out and out[-1].links == ph.links:
-            prev = out[-1]
-            out[-1] = CommPhase(name=prev.name, ranks=prev.ranks,
-                                latency_s=prev.latency_s + ph.latency_s,
-                                bytes_per_link=prev.bytes_per_link + ph.bytes_per_link,
-                                links=prev.links)
-        else:
-            out.append(ph)
-    return out
-
-
-def _strip(meta: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in meta.items() if k != "name"}

@@ -10,7 +10,7 @@ from the op graph (workloads/model.py) and an op cost model (hwmodels/opcost.py)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainsim.workloads.model import Layer
@@ -51,7 +51,13 @@ class InstructionCosts:
     bwd_comm: tuple[CommNeed, ...]
     """Tensor-parallel collectives of the backward."""
     recompute_comm: tuple[CommNeed, ...]
-    """Collectives the recomputed forward repeats."""
+    """Tensor-parallel collectives the recomputed forward repeats."""
+    fwd_ep_comm: tuple[CommNeed, ...] = ()
+    """Expert-parallel all-to-alls of the forward (dispatch and combine; GShard §2.2)."""
+    bwd_ep_comm: tuple[CommNeed, ...] = ()
+    """Expert-parallel all-to-alls of the backward."""
+    recompute_ep_comm: tuple[CommNeed, ...] = ()
+    """Expert-parallel all-to-alls the recomputed forward repeats."""
     kept_activation_bytes: float
     """Bytes one micro-batch holds from its forward until its backward."""
     recompute_activation_bytes: float
@@ -74,7 +80,9 @@ def _weight_share(op: Op) -> float:
     """Share of an op's backward that computes weight gradients (ZB-H1's W).
 
     A GEMM with weights runs two GEMMs of its forward size backward: one for the input gradient,
-    one for the weight gradient (Qi et al. 2024, §2). Ops without weights have no W part.
+    one for the weight gradient (Qi et al. 2024, §2). Ops without weights have no W part. Each
+    half is costed as its own kernel and the full backward is their sum, so B = I + W exactly
+    and splitting the backward changes the order of work, never its amount.
     """
     return 0.5 if (op.is_matmul and op.params > 0) else 0.0
 
@@ -93,47 +101,62 @@ def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
         freq_mhz: SM clock (None = maximum).
         dtype: compute precision.
     """
-    fwd = bwd = bwd_in = bwd_w = rec = Work()
-    fwd_comm: list[CommNeed] = []
-    bwd_comm: list[CommNeed] = []
-    rec_comm: list[CommNeed] = []
-    kept = rec_bytes = 0.0
-    params = 0
-    op_list = isinstance(recompute, tuple)
-    names = set(recompute) if op_list else set()
-    cache: dict[int, tuple] = {}
+    total = _LayerSum()
+    names = set(recompute) if isinstance(recompute, tuple) else set()
+    cache: dict[int, _LayerSum] = {}
     for layer in layers:
-        key = id(layer)
+        key = id(layer)  # repeated blocks are one object: cost them once
         if key not in cache:
             cache[key] = _layer_costs(layer, tp=tp, sp=sp, ep=ep, recompute=recompute,
                                       names=names, cost_model=cost_model, gpu=gpu,
                                       freq_mhz=freq_mhz, dtype=dtype)
-        (l_fwd, l_bwd, l_in, l_w, l_rec, l_fc, l_bc, l_rc, l_kept, l_rbytes, l_params) = cache[key]
-        fwd, bwd, bwd_in, bwd_w, rec = fwd + l_fwd, bwd + l_bwd, bwd_in + l_in, bwd_w + l_w, \
-            rec + l_rec
-        fwd_comm += l_fc
-        bwd_comm += l_bc
-        rec_comm += l_rc
-        kept += l_kept
-        rec_bytes += l_rbytes
-        params += l_params
+        total.add(cache[key])
+    total.params += _shared_params(layers, tp)
     last = layers[-1]
     out_bytes = last.output_bytes / (tp if (sp and tp > 1 and last.kind != "head") else 1)
     return InstructionCosts(
-        forward=fwd, backward=bwd, backward_input=bwd_in, backward_weight=bwd_w, recompute=rec,
-        fwd_comm=tuple(fwd_comm), bwd_comm=tuple(bwd_comm), recompute_comm=tuple(rec_comm),
-        kept_activation_bytes=kept, recompute_activation_bytes=rec_bytes,
-        output_bytes=out_bytes, params=params)
+        forward=total.fwd, backward=total.bwd, backward_input=total.bwd_in,
+        backward_weight=total.bwd_w, recompute=total.rec,
+        fwd_comm=tuple(total.comm["fwd"]), bwd_comm=tuple(total.comm["bwd"]),
+        recompute_comm=tuple(total.comm["rec"]), fwd_ep_comm=tuple(total.comm["fwd_ep"]),
+        bwd_ep_comm=tuple(total.comm["bwd_ep"]), recompute_ep_comm=tuple(total.comm["rec_ep"]),
+        kept_activation_bytes=total.kept, recompute_activation_bytes=total.extra,
+        output_bytes=out_bytes, params=total.params)
+
+
+@dataclass(slots=True)
+class _LayerSum:
+    """Running totals of one layer's (or one stage's) costs."""
+
+    fwd: Work = field(default_factory=Work)
+    bwd: Work = field(default_factory=Work)
+    bwd_in: Work = field(default_factory=Work)
+    bwd_w: Work = field(default_factory=Work)
+    rec: Work = field(default_factory=Work)
+    comm: dict[str, list[CommNeed]] = field(default_factory=lambda: {
+        k: [] for k in ("fwd", "bwd", "rec", "fwd_ep", "bwd_ep", "rec_ep")})
+    kept: float = 0.0
+    extra: float = 0.0
+    params: int = 0
+
+    def add(self, other: _LayerSum) -> None:
+        self.fwd, self.bwd, self.bwd_in = self.fwd + other.fwd, self.bwd + other.bwd, \
+            self.bwd_in + other.bwd_in
+        self.bwd_w, self.rec = self.bwd_w + other.bwd_w, self.rec + other.rec
+        for key, needs in other.comm.items():
+            self.comm[key] += needs
+        self.kept += other.kept
+        self.extra += other.extra
+        self.params += other.params
 
 
 def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | tuple[str, ...],
                  names: set[str], cost_model: Any, gpu: Any, freq_mhz: float | None,
-                 dtype: str) -> tuple:
+                 dtype: str) -> _LayerSum:
+    """One layer's costs. Collectives of expert-sharded ops (MoE dispatch/combine all-to-alls)
+    run over the expert-parallel group, every other op's over the tensor-parallel group."""
     ops = layer.sharded_ops(tp, sp, ep)
-    fwd = bwd = bwd_in = bwd_w = rec = Work()
-    fc: list[CommNeed] = []
-    bc: list[CommNeed] = []
-    rc: list[CommNeed] = []
+    out = _LayerSum()
     full = recompute == "full" and layer.recomputable
     for op in ops:
         f = _op_work(cost_model, gpu, op, op.fwd_flops, op.fwd_bytes, freq_mhz, dtype)
@@ -143,19 +166,22 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
                          freq_mhz, dtype)
             i = _op_work(cost_model, gpu, op, op.bwd_flops * (1 - share),
                          op.bwd_bytes * (1 - share), freq_mhz, dtype)
-            b = _op_work(cost_model, gpu, op, op.bwd_flops, op.bwd_bytes, freq_mhz, dtype)
+            b = i + w  # the backward of a GEMM is these two GEMM kernels
         else:
             w = Work()
             b = i = _op_work(cost_model, gpu, op, op.bwd_flops, op.bwd_bytes, freq_mhz, dtype)
-        fwd, bwd, bwd_in, bwd_w = fwd + f, bwd + b, bwd_in + i, bwd_w + w
-        comm = op.shardings[0].comm
-        fc += [c for c in comm if c.phase == "fwd"]
-        bc += [c for c in comm if c.phase == "bwd"]
+        out.fwd, out.bwd, out.bwd_in, out.bwd_w = out.fwd + f, out.bwd + b, out.bwd_in + i, \
+            out.bwd_w + w
+        sharding = op.shardings[0]
+        suffix = "_ep" if sharding.name == "expert" else ""
+        fwd_needs = [c for c in sharding.comm if c.phase == "fwd"]
+        out.comm["fwd" + suffix] += fwd_needs
+        out.comm["bwd" + suffix] += [c for c in sharding.comm if c.phase == "bwd"]
         redo = full or (recompute == "selective" and op.selective_recompute) or op.name in names
         if redo:
-            rec = rec + f
+            out.rec = out.rec + f
             if full or op.name in names:
-                rc += [c for c in comm if c.phase == "fwd"]
+                out.comm["rec" + suffix] += fwd_needs
     if full:
         kept = layer.activation_bytes(tp, sp, "full")
         extra = layer.activation_bytes(tp, sp, "none") - kept
@@ -166,13 +192,22 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
         kept = layer.activation_bytes(tp, sp, "none")
         dropped = sum(op.activation_bytes for op in ops if op.name in names)
         kept, extra = kept - dropped, dropped
-    params = sum(op.params for op in ops) + _shared_params(layer, tp)
-    return (fwd, bwd, bwd_in, bwd_w, rec, tuple(fc), tuple(bc), tuple(rc), kept, extra, params)
+    out.kept, out.extra = kept, extra
+    out.params = sum(op.params for op in ops)
+    return out
 
 
-def _shared_params(layer: Layer, tp: int) -> int:
-    """Tied weights a stage keeps a copy of (a tied LM head's embedding), sharded like it."""
-    return -(-layer.shared_params // tp) if layer.shared_params else 0
+def _shared_params(layers: Sequence[Layer], tp: int) -> int:
+    """Tied weights a stage keeps a copy of (a tied LM head's word embedding, sharded like it).
+
+    Megatron-LM keeps a copy of the word embedding on the last stage when embedding and head
+    are on different stages; on the stage that holds the embedding itself the head reuses it,
+    so nothing is added (a stage counting it twice would double its weight memory and its
+    gradient all-reduce).
+    """
+    owned = max((la.params for la in layers if la.kind == "embedding"), default=0)
+    return sum(-(-la.shared_params // tp) for la in layers
+               if la.shared_params and owned < la.shared_params)
 
 
 def optimizer_bytes_per_param(dtype: str) -> tuple[float, float, float]:

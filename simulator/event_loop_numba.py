@@ -1,0 +1,280 @@
+"""The compiled event loop behind `engine_numba`: wait counters, a heap, fluid links.
+
+Everything lives in flat arrays passed in by `engine_numba.event_times` (no Python object per
+task), and the few scalars of the loop in one float64 `state` array, so `advance` can stop after
+a budget of task ends (for progress bars) and resume where it stopped. Semantics: program.py's
+module docstring; order within an instant: engine_numba's docstring.
+
+State slots (`state[...]`):
+
+* ``ST_NOW`` — the current instant;
+* ``ST_UPDATED`` — when the transfers' remaining bytes were last drained (`FluidLinks.updated_s`);
+* ``ST_NEXT_END`` — earliest completion planned at the last replan (`FluidLinks.next_end_s`);
+* ``ST_WAKE`` — the pending wake-up instant, +inf when none;
+* ``ST_DIRTY`` — 1 when the set of transfers changed since the last replan;
+* ``ST_HEAP``, ``ST_ACTIVE``, ``ST_READY`` — sizes of the fixed-part heap, the transfer list and
+  the stack of tasks ready to start now;
+* ``ST_ENDED`` — tasks ended so far.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+ST_NOW, ST_UPDATED, ST_WAKE, ST_NEXT_END, ST_DIRTY, ST_HEAP, ST_ACTIVE, ST_READY, ST_ENDED = (
+    range(9)
+)
+STATE_SIZE = 9
+
+_jit = numba.njit(cache=True, nogil=True)
+
+
+@_jit
+def _heap_push(heap_time, heap_task, size, time, task):  # noqa: ANN001, ANN202
+    """Sift (time, task) up into the min-heap of `size` entries; return the new size."""
+    i = size
+    while i > 0:
+        parent = (i - 1) >> 1
+        pt = heap_time[parent]
+        if pt < time or (pt == time and heap_task[parent] < task):
+            break
+        heap_time[i] = pt
+        heap_task[i] = heap_task[parent]
+        i = parent
+    heap_time[i] = time
+    heap_task[i] = task
+    return size + 1
+
+
+@_jit
+def _heap_pop(heap_time, heap_task, size):  # noqa: ANN001, ANN202
+    """Remove the root of the heap (caller read it); return the new size."""
+    size -= 1
+    if size == 0:
+        return 0
+    time = heap_time[size]
+    task = heap_task[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        right = child + 1
+        if right < size and (
+            heap_time[right] < heap_time[child]
+            or (heap_time[right] == heap_time[child] and heap_task[right] < heap_task[child])
+        ):
+            child = right
+        ct = heap_time[child]
+        if ct > time or (ct == time and heap_task[child] > task):
+            break
+        heap_time[i] = ct
+        heap_task[i] = heap_task[child]
+        i = child
+    heap_time[i] = time
+    heap_task[i] = task
+    return size
+
+
+@_jit
+def _drain(state, act_rem, act_rate, now):  # noqa: ANN001, ANN202
+    """Remaining bytes fall linearly at the current rates up to `now` (clamped at zero)."""
+    elapsed = now - state[ST_UPDATED]
+    if elapsed > 0:
+        for i in range(int(state[ST_ACTIVE])):
+            left = act_rem[i] - act_rate[i] * elapsed
+            act_rem[i] = left if left > 0.0 else 0.0
+    state[ST_UPDATED] = now
+
+
+@_jit
+def _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandwidth):  # noqa: ANN001, ANN202
+    """Equal-share rates (min over links of bandwidth / users) and the next wake-up."""
+    state[ST_DIRTY] = 0.0
+    count = int(state[ST_ACTIVE])
+    if count == 0:
+        state[ST_NEXT_END] = math.inf
+        state[ST_WAKE] = math.inf
+        return
+    updated = state[ST_UPDATED]
+    next_end = math.inf
+    for i in range(count):
+        t = act_task[i]
+        rate = math.inf
+        for k in range(link_ptr[t], link_ptr[t + 1]):
+            link = link_idx[k]
+            share = bandwidth[link] / users[link]
+            if share < rate:
+                rate = share
+        act_rate[i] = rate
+        finish = updated + act_rem[i] / rate
+        if finish < next_end:
+            next_end = finish
+    state[ST_NEXT_END] = next_end
+    gap = next_end - updated
+    state[ST_WAKE] = updated + (gap if gap > 0.0 else 0.0)
+
+
+@_jit
+def _end_task(
+    e, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,  # noqa: ANN001
+    succ_ptr, succ_idx, wait, end, stack, state,  # noqa: ANN001
+):  # noqa: ANN202
+    """Task `e` ends now: free its streams and its dependants; queue what became ready."""
+    end[e] = now
+    state[ST_ENDED] += 1.0
+    ready = int(state[ST_READY])
+    for m in range(member_ptr[e], member_ptr[e + 1]):
+        q = member_queue[m]
+        nxt = queue_ptr[q] + member_pos[m] + 1
+        if nxt < queue_ptr[q + 1]:
+            t = queue_task[nxt]
+            wait[t] -= 1
+            if wait[t] == 0:
+                stack[ready] = t
+                ready += 1
+    for k in range(succ_ptr[e], succ_ptr[e + 1]):
+        t = succ_idx[k]
+        wait[t] -= 1
+        if wait[t] == 0:
+            stack[ready] = t
+            ready += 1
+    state[ST_READY] = ready
+
+
+@_jit
+def _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users, state):  # noqa: ANN001, ANN202
+    """Task `t` enters its transfer phase now with all its bytes left."""
+    _drain(state, act_rem, act_rate, now)
+    k = int(state[ST_ACTIVE])
+    act_task[k] = t
+    act_rem[k] = comm[t]
+    act_rate[k] = 0.0
+    state[ST_ACTIVE] = k + 1
+    for j in range(link_ptr[t], link_ptr[t + 1]):
+        users[link_idx[j]] += 1
+    state[ST_DIRTY] = 1.0
+
+
+@_jit
+def init_state(
+    duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,  # noqa: ANN001
+    succ_ptr, succ_idx, link_ptr, link_idx, bandwidth,  # noqa: ANN001
+    wait, start, end, heap_time, heap_task, act_task, act_rem, act_rate, users, stack, done_buf, state,  # noqa: ANN001
+):  # noqa: ANN201
+    """Count each queue's head as arrived and stack the tasks ready at time 0."""
+    for q in range(len(queue_ptr) - 1):
+        if queue_ptr[q + 1] > queue_ptr[q]:
+            wait[queue_task[queue_ptr[q]]] -= 1
+    ready = 0
+    for t in range(len(wait) - 1, -1, -1):  # popped from the stack in task-index order
+        if wait[t] == 0:
+            stack[ready] = t
+            ready += 1
+    state[:] = 0.0
+    state[ST_WAKE] = math.inf
+    state[ST_NEXT_END] = math.inf
+    state[ST_READY] = ready
+
+
+@_jit
+def advance(
+    duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,  # noqa: ANN001
+    succ_ptr, succ_idx, link_ptr, link_idx, bandwidth,  # noqa: ANN001
+    wait, start, end, heap_time, heap_task, act_task, act_rem, act_rate, users, stack, done_buf, state,  # noqa: ANN001
+    budget,  # noqa: ANN001
+):  # noqa: ANN201
+    """Run events until `budget` more tasks have ended or nothing is left to run.
+
+    Each round first starts every task that became ready at the current instant (a zero-length
+    task ends at once and may ready more), then takes the next event: the transfer wake-up if it
+    is not later than the earliest fixed-part end (completions before starts), else that end.
+    """
+    target = state[ST_ENDED] + budget
+    now = state[ST_NOW]
+    while True:
+        # Start everything ready now; zero-length tasks end at once and may ready more.
+        while state[ST_READY] > 0:
+            ready = int(state[ST_READY]) - 1
+            state[ST_READY] = ready
+            t = stack[ready]
+            start[t] = now
+            if duration[t] > 0:
+                state[ST_HEAP] = _heap_push(
+                    heap_time, heap_task, int(state[ST_HEAP]), now + duration[t], t
+                )
+            elif comm[t] > 0:
+                _start_transfer(
+                    t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users, state
+                )
+            else:
+                _end_task(
+                    t, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
+                    succ_ptr, succ_idx, wait, end, stack, state,
+                )  # fmt: skip
+        if state[ST_ENDED] >= target:
+            break
+        heap_size = int(state[ST_HEAP])
+        next_fixed = heap_time[0] if heap_size > 0 else math.inf
+        if state[ST_DIRTY] > 0:
+            if next_fixed == now:
+                # More fixed-part ends at this instant: the rates only matter once time moves.
+                pass
+            else:
+                _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandwidth)
+        wake = state[ST_WAKE] if state[ST_DIRTY] == 0 else math.inf
+        if next_fixed == math.inf and wake == math.inf:
+            break
+        if wake <= next_fixed:
+            # Transfers planned to finish by next_end finish together now; the others drain.
+            now = wake
+            next_end = state[ST_NEXT_END]
+            updated = state[ST_UPDATED]
+            elapsed = now - updated
+            kept = 0
+            done = 0
+            for i in range(int(state[ST_ACTIVE])):
+                t = act_task[i]
+                rem = act_rem[i]
+                rate = act_rate[i]
+                if updated + rem / rate <= next_end:
+                    done_buf[done] = t
+                    done += 1
+                    for j in range(link_ptr[t], link_ptr[t + 1]):
+                        users[link_idx[j]] -= 1
+                    continue
+                if elapsed > 0:
+                    rem -= rate * elapsed
+                    if rem < 0.0:
+                        rem = 0.0
+                act_task[kept] = t
+                act_rem[kept] = rem
+                act_rate[kept] = rate
+                kept += 1
+            state[ST_UPDATED] = now
+            state[ST_ACTIVE] = kept
+            state[ST_DIRTY] = 1.0
+            state[ST_WAKE] = math.inf
+            for i in range(done):
+                _end_task(
+                    done_buf[i], now, member_ptr, member_queue, member_pos, queue_ptr,
+                    queue_task, succ_ptr, succ_idx, wait, end, stack, state,
+                )  # fmt: skip
+        else:
+            now = next_fixed
+            t = heap_task[0]
+            state[ST_HEAP] = _heap_pop(heap_time, heap_task, heap_size)
+            if comm[t] > 0:
+                _start_transfer(
+                    t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users, state
+                )
+            else:
+                _end_task(
+                    t, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
+                    succ_ptr, succ_idx, wait, end, stack, state,
+                )  # fmt: skip
+        state[ST_NOW] = now
+    state[ST_NOW] = now

@@ -1,0 +1,268 @@
+"""Lowering: ParallelPlan + zoo model + cluster → Program, checked against hand formulas.
+
+Collective times use the α-β formulas of simulator/collectives.py with the cluster's own link
+figures (2×A10 nodes: PCIe 4.0 x16 inside a node, one 50 Gb/s NIC per node, so the NIC is the
+bottleneck of every inter-node transfer).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trainsim.errors import PlanError
+from trainsim.hwmodels.cluster import parse_cluster
+from trainsim.simulator.collectives import (
+    hierarchical_all_reduce_time_s,
+    ring_all_reduce_time_s,
+)
+from trainsim.simulator.engine_simpy import run_simpy
+from trainsim.workloads.lowering import LoweringOptions, lower
+from trainsim.workloads.model import build_graph
+from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.zoo import get_model
+
+ONE_BUCKET = 1e15
+"""A gradient bucket larger than any model: one data-parallel all-reduce per stage."""
+
+
+def _lower(model: str, cluster: str, options: LoweringOptions | None = None, **plan):
+    spec, hw = get_model(model), parse_cluster(cluster)
+    built = ParallelPlan.build(spec, hw, **plan)
+    program = lower(spec, hw, built, options)
+    return spec, hw, program, run_simpy(program)
+
+
+def _rows(result, **where):
+    frame = result.tasks
+    for key, value in where.items():
+        frame = frame[frame[key] == value]
+    return frame
+
+
+def _path_latency(hw, src: int, dst: int) -> float:
+    return sum(link.latency_s for link in hw.path(src, dst))
+
+
+# ----------------------------------------------------------------------------- collectives
+def test_lone_ring_all_reduce_takes_its_formula_time() -> None:
+    """dp=2 over two nodes: the gradient all-reduce of S = 2 bytes × parameters takes
+    2(n−1)·α + 2(n−1)/n·S/β with α the path latency and β the NIC (bottleneck) bandwidth."""
+    opts = LoweringOptions(dp_bucket_bytes=ONE_BUCKET, collective_algorithm="ring")
+    spec, hw, _program, result = _lower("gpt3-125m", "2x1xA10", opts, dp=2,
+                                       num_micro_batches=1, seq_len=128)
+    size = 2.0 * build_graph(spec, 1, 128).parameters
+    nic = hw.link("n0.nic.out").bandwidth_bytes_per_s
+    expected = ring_all_reduce_time_s(2, size, _path_latency(hw, 0, 1), nic)
+    dp = _rows(result, stream="dp", kind="all_reduce")
+    assert len(dp) == 1
+    assert dp["duration_s"].iloc[0] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_two_all_reduces_through_one_nic_take_twice_as_long(fold) -> None:
+    """tp=2 inside each of two A10 nodes, dp=2 across them: the two tensor-parallel ranks'
+    gradient all-reduces both cross each node's NIC at once, so each moves its bytes at half the
+    NIC bandwidth — folded (one task on a half-bandwidth virtual link) and unfolded alike."""
+    opts = LoweringOptions(dp_bucket_bytes=ONE_BUCKET, collective_algorithm="ring", fold=fold)
+    _, hw, program, result = _lower("gpt3-125m", "2x2xA10", opts, dp=2, tp=2,
+                                    num_micro_batches=1, seq_len=128)
+    nic = hw.link("n0.nic.out").bandwidth_bytes_per_s
+    dp = _rows(result, stream="dp", kind="all_reduce").drop_duplicates("task_id")
+    assert len(dp) == (1 if fold else 2)
+    for _, row in dp.iterrows():
+        task = program.tasks[row.task_id]
+        alone = task.duration_s + task.comm_bytes / nic
+        shared = task.duration_s + 2 * task.comm_bytes / nic
+        assert row.duration_s == pytest.approx(shared, rel=1e-12)
+        assert row.duration_s > 1.9 * (alone - task.duration_s)
+
+
+def test_hierarchical_all_reduce_follows_three_phase_formula() -> None:
+    """dp=4 on 2 nodes × 2 GPUs with the hierarchical algorithm: intra-node reduce-scatter,
+    inter-node all-reduce of S/k by both local ranks through the NIC, intra-node all-gather —
+    2·[(k−1)α_i + (k−1)/k·S/β_i] + 2(N−1)α_e + 2(N−1)/N·S/β_nic in total."""
+    opts = LoweringOptions(dp_bucket_bytes=ONE_BUCKET, collective_algorithm="hierarchical")
+    spec, hw, _, result = _lower("gpt3-125m", "2x2xA10", opts, dp=4, num_micro_batches=1,
+                                 seq_len=128)
+    size = 2.0 * build_graph(spec, 1, 128).parameters
+    intra_bw = min(link.bandwidth_bytes_per_s for link in hw.path(0, 1))
+    expected = hierarchical_all_reduce_time_s(
+        2, 2, size, _path_latency(hw, 0, 1), intra_bw, _path_latency(hw, 0, 2),
+        hw.link("n0.nic.out").bandwidth_bytes_per_s)
+    dp = _rows(result, stream="dp", rank=0)
+    assert len(dp) == 3  # reduce-scatter, inter-node all-reduce, all-gather
+    assert dp["end_s"].max() - dp["start_s"].min() == pytest.approx(expected, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- features
+def test_t5_pipeline_sends_encoder_output_to_decoder_stages() -> None:
+    """T5 over 4 stages: a boundary inside the decoder carries the decoder hidden state
+    (b·s_dec·h·2 bytes) plus the encoder output its cross attention reads (b·s_enc·h·2)."""
+    spec, _, program, result = _lower("t5-770m", "4xA100-SXM4-80GB", pp=4, num_micro_batches=2)
+    h, s_enc, s_dec = spec.hidden, spec.seq_len, spec.decoder_seq_len
+    sends = {t.name: t.comm_bytes for t in program.tasks if t.kind == "p2p"}
+    assert sends["s0>1.F0"] == 2 * s_enc * h  # inside the encoder
+    assert sends["s2>3.F0"] == 2 * s_dec * h + 2 * s_enc * h  # inside the decoder
+    assert result.iteration_time_s > 0 and not result.oom
+
+
+def test_moe_expert_parallel_all_to_alls() -> None:
+    """ep=4 of an 8-expert MoE on 8 GPUs: every MoE block's dispatch and combine run as
+    all-to-alls over 4 GPUs, forward and backward; ep=1 has none."""
+    _, _, program, _result = _lower("gpt-moe-1.3b-8e", "8xA100-SXM4-80GB", dp=8, ep=4,
+                                   num_micro_batches=1, seq_len=256)
+    a2a = [t for t in program.tasks if t.kind == "all_to_all"]
+    assert {t.stream for t in a2a} == {"ep"}
+    assert len(a2a) == 2  # one merged forward, one merged backward task (folded)
+    _, _, dense, _ = _lower("gpt-moe-1.3b-8e", "8xA100-SXM4-80GB", dp=8, num_micro_batches=1,
+                            seq_len=256)
+    assert not [t for t in dense.tasks if t.kind == "all_to_all"]
+
+
+def test_wide_resnet_pipeline_runs() -> None:
+    """Wide-ResNet (convolutions) lowers and runs; its throughput counts images."""
+    _, _, _program, result = _lower("wresnet-500m", "4xV100-SXM2-32GB", pp=4,
+                                   micro_batch_size=8, num_micro_batches=4)
+    assert result.samples_per_s == pytest.approx(32 / result.iteration_time_s)
+    assert result.tokens_per_s == result.samples_per_s
+
+
+def test_heterogeneous_placement_puts_stages_on_their_gpus() -> None:
+    """1 A100 node + 2 A10 nodes, stages 0,1 placed on the A10 group and 2,3 on the A100 one:
+    the A10 stages take longer per forward and report the A10's peak FLOPs."""
+    _, hw, program, _result = _lower("gpt3-1.3b", "1x8xA100-SXM4-40GB+2x4xA10", dp=4, pp=4,
+                                    num_micro_batches=4, placement=(1, 1, 0, 0), seq_len=512)
+    assert program.represents[0] == (8, 9, 10, 11) and program.represents[2] == (0, 1, 2, 3)
+    names = program.metadata["gpu_names"]
+    assert names[0] == hw.gpu(8).name != names[2] == hw.gpu(0).name
+    fwd = {t.stage: t.duration_s for t in program.tasks if t.name.endswith(".F1")}
+    assert fwd[1] > fwd[2]
+
+
+def test_zero_stages_divide_static_memory() -> None:
+    """Per GPU static memory is Ψ·(2 + 2 + 12) bytes without ZeRO, Ψ·(2 + 2 + 12/dp) with ZeRO-1,
+    Ψ·(2 + (2 + 12)/dp) with ZeRO-2 and Ψ·16/dp with ZeRO-3 (Rajbhandari et al. 2020, Fig. 1)."""
+    statics = {}
+    for zero in range(4):
+        _, _, program, _ = _lower("gpt3-125m", "4xA100-SXM4-80GB", dp=4, zero=zero,
+                                  num_micro_batches=1, seq_len=128)
+        statics[zero] = program.static_memory_bytes[0]
+    psi = statics[0] / 16
+    assert psi == build_graph(get_model("gpt3-125m"), 1, 128).parameters
+    assert statics[1] == pytest.approx(psi * (4 + 12 / 4))
+    assert statics[2] == pytest.approx(psi * (2 + 14 / 4))
+    assert statics[3] == pytest.approx(psi * 16 / 4)
+
+
+def test_zero3_gathers_parameters_before_every_pass() -> None:
+    """ZeRO-3 all-gathers the stage's weights before each forward and backward."""
+    _, _, program, _ = _lower("gpt3-125m", "4xA100-SXM4-80GB", dp=4, zero=3,
+                              num_micro_batches=3, seq_len=128)
+    gathers = [t for t in program.tasks if t.name.endswith(".gather")]
+    assert len(gathers) == 2 * 3
+
+
+def test_sequence_parallel_splits_activations_by_tp() -> None:
+    """With tp=4 a block keeps s·b·h·(10 + 24/t + 5as/(h·t)) bytes; sequence parallelism makes
+    it s·b·h·(34 + 5as/h)/t (Korthikanti et al. 2022, Table 2)."""
+    opts = LoweringOptions(embedding_and_head=False)
+    kept = {}
+    for sp in (False, True):
+        _, _, program, _ = _lower("gpt3-350m", "4xA100-SXM4-80GB", opts, tp=4, sp=sp,
+                                  num_micro_batches=1, seq_len=256)
+        kept[sp] = next(t.mem_alloc_bytes for t in program.tasks if t.name == "s0.F0")
+    spec = get_model("gpt3-350m")
+    s, h, a, t, L = 256, spec.hidden, spec.num_heads, 4, spec.num_layers
+    assert kept[True] == pytest.approx(L * s * h * (34 + 5 * a * s / h) / t, rel=1e-12)
+    assert kept[False] == pytest.approx(L * s * h * (10 + 24 / t + 5 * a * s / (h * t)),
+                                        rel=1e-12)
+
+
+def test_per_op_recompute_list() -> None:
+    """Recomputing only the attention-score op keeps fewer bytes and adds a recompute task
+    shorter than the full forward."""
+    _, _, base, r0 = _lower("gpt3-350m", "2xA100-SXM4-80GB", pp=2, num_micro_batches=2,
+                            seq_len=256)
+    _, _, prog, r1 = _lower("gpt3-350m", "2xA100-SXM4-80GB", pp=2, num_micro_batches=2,
+                            seq_len=256, recompute=("attn.score",))
+    kept = lambda p: next(t.mem_alloc_bytes for t in p.tasks if t.name == "s0.F0")
+    assert kept(prog) < kept(base)
+    rec = next(t for t in prog.tasks if t.name == "s0.R0")
+    fwd = next(t for t in prog.tasks if t.name == "s0.F0")
+    assert 0 < rec.duration_s < fwd.duration_s
+    assert r1.peak_memory_bytes < r0.peak_memory_bytes
+
+
+def test_per_stage_tensor_parallel_degree() -> None:
+    """stage_tp=(4, 1) on 8 GPUs (dp·tp = 4 per stage): stage 0 runs tp=4 (shorter forwards,
+    tensor-parallel collectives), stage 1 pure data parallelism."""
+    _, _, program, _result = _lower("gpt3-1.3b", "8xA100-SXM4-80GB", tp=2, dp=2, pp=2,
+                                   stage_tp=(4, 1), num_micro_batches=2, seq_len=512)
+    tp_stages = {t.stage for t in program.tasks if t.stream == "tp"}
+    assert tp_stages == {0}
+    f0 = next(t for t in program.tasks if t.name == "s0.F0").duration_s
+    f1 = next(t for t in program.tasks if t.name == "s1.F0").duration_s
+    assert f0 < f1
+
+
+def test_instruction_frequency_slows_that_instruction() -> None:
+    """A lower SM clock for instruction 1F0 shows on that task only, and it takes longer."""
+    _, hw, _program, result = _lower("gpt3-1.3b", "4xV100-SXM2-32GB", pp=4, num_micro_batches=2,
+                                    seq_len=512, instruction_freq_mhz={"1F0": 800.0})
+    f0 = _rows(result, name="s1.F0").iloc[0]
+    f1 = _rows(result, name="s1.F1").iloc[0]
+    assert f0.freq_mhz == 800.0 and f1.freq_mhz == hw.gpu(0).sm_clock_max_mhz
+    assert f0.duration_s > f1.duration_s
+
+
+@pytest.mark.parametrize("plan", [
+    {"dp": 2, "tp": 2, "pp": 2, "num_micro_batches": 4},
+    {"tp": 2, "pp": 4, "num_micro_batches": 4, "sp": True, "recompute": "selective"},
+    {"dp": 4, "pp": 2, "num_micro_batches": 4, "zero": 2},
+    {"dp": 2, "pp": 4, "num_micro_batches": 4, "schedule": "zb-h1"},
+])
+def test_folded_equals_unfolded_on_one_node(plan) -> None:
+    """Folding identical tp members and dp replicas changes the task count, not the timeline."""
+    times = []
+    for fold in (True, False):
+        *_, result = _lower("gpt3-350m", "8xA100-SXM4-80GB", LoweringOptions(fold=fold),
+                            seq_len=256, **plan)
+        times.append(result.iteration_time_s)
+    assert times[0] == pytest.approx(times[1], rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- invalid plans
+INVALID = [
+    ("bert-base", "8xA100-SXM4-80GB", {"tp": 8}, r"plan.tp=8 does not divide model.num_heads=12"),
+    ("gpt3-125m", "2x8xA100-SXM4-80GB", {"pp": 16}, r"exceeds the model's 12 layers"),
+    ("gpt3-1.3b", "4xV100-SXM2-32GB", {"dp": 2, "pp": 1},
+     r"dp×tp×pp = 2×1×1 = 2 but the cluster has 4 GPUs"),
+    ("gpt3-1.3b", "1x8xA100-SXM4-40GB+2x4xA10", {"dp": 4, "pp": 4, "placement": (0, 1, 1, 1)},
+     r"puts 12 GPUs on node group 1 which has 8"),
+    ("gpt3-1.3b", "1x8xA100-SXM4-40GB+2x4xA10", {"dp": 4, "pp": 4, "placement": (0, 0, 1, 2)},
+     r"placement\[3\]=2: the cluster has node groups 0..1"),
+    ("gpt3-1.3b", "4xV100-SXM2-32GB", {"dp": 4, "micro_batch_size": 2, "global_batch": 500},
+     r"global_batch=500 is not divisible by micro_batch_size×dp=2×4=8"),
+    ("gpt3-1.3b", "4xV100-SXM2-32GB", {"pp": 4, "micro_batch_size": 0},
+     r"plan.micro_batch_size=0 must be a positive integer"),
+    ("gpt3-1.3b", "4xV100-SXM2-32GB", {"pp": 4, "stage_layers": (6, 6, 6, 5)},
+     r"sum to 23 but the model has 24 layers"),
+    ("gpt3-1.3b", "4xV100-SXM2-32GB", {"pp": 4, "freq_mhz": 2500.0},
+     r"2500 MHz is outside V100-SXM2-32GB's SM clock range"),
+    ("gpt3-1.3b", "8xA100-SXM4-80GB", {"tp": 8, "sp": True, "seq_len": 4096},
+     r"seq_len=4096 exceeds model.max_seq_len=2048"),
+    ("gpt3-1.3b", "8xA100-SXM4-80GB", {"dp": 2, "tp": 2, "pp": 2, "stage_tp": (3, 2)},
+     r"stage_tp\[0\]=3 must divide the stage's dp×tp=4 GPUs"),
+    ("gpt-moe-1.3b-8e", "8xA100-SXM4-80GB", {"dp": 8, "ep": 3}, r"plan.ep=3 does not divide"),
+    ("gpt3-1.3b", "8xA100-SXM4-80GB", {"dp": 8, "ep": 2}, r"has no experts"),
+    ("gpt3-1.3b", "4xV100-SXM2-32GB", {"pp": 4, "schedule": "interleaved", "virtual_stages": 2,
+                                           "num_micro_batches": 6},
+     r"needs the micro-batch count \(6\) divisible by pp=4"),
+]
+
+
+@pytest.mark.parametrize(("model", "cluster", "plan", "message"), INVALID)
+def test_invalid_plans_on_real_models_and_clusters(model, cluster, plan, message) -> None:
+    """Each impossible plan fails at construction with a message naming field and value."""
+    with pytest.raises(PlanError, match=message):
+        ParallelPlan.build(get_model(model), parse_cluster(cluster), **plan)
