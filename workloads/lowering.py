@@ -99,6 +99,11 @@ def lower(model: Any, cluster: Any, plan: ParallelPlan,
           options: LoweringOptions | None = None) -> Program:
     """Lower one training iteration of `model` on `cluster` under `plan` to a Program."""
     plan.check(model, cluster)
+    if plan.op_tp:
+        # Refuse rather than silently simulate the stage-wide degree: per-op degrees need
+        # resharding collectives between ops, which the lowering does not model yet.
+        raise PlanError(f"plan.op_tp={dict(plan.op_tp)}: per-op tensor-parallel degrees are "
+                        f"not simulated yet; use stage_tp for per-stage degrees")
     return _Lowering(model, cluster, plan, options or LoweringOptions()).build()
 
 

@@ -266,3 +266,12 @@ def test_invalid_plans_on_real_models_and_clusters(model, cluster, plan, message
     """Each impossible plan fails at construction with a message naming field and value."""
     with pytest.raises(PlanError, match=message):
         ParallelPlan.build(get_model(model), parse_cluster(cluster), **plan)
+
+
+def test_per_op_tp_is_refused_not_ignored() -> None:
+    """A plan with per-op tp degrees is rejected by lowering with a clear message instead of
+    being simulated at the stage-wide degree."""
+    model, cluster = get_model("gpt3-125m"), parse_cluster("2xA100-SXM4-80GB")
+    plan = ParallelPlan.build(model, cluster, tp=2, op_tp={"attn.qkv": 1})
+    with pytest.raises(PlanError, match=r"per-op tensor-parallel degrees are not simulated"):
+        lower(model, cluster, plan)
