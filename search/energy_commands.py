@@ -1,8 +1,200 @@
-"""`sim energy ...`: GPU frequency plans on the iteration time–energy frontier."""
+"""`sim energy ...`: GPU frequency plans on the iteration time–energy frontier (Perseus).
+
+`frontier` computes the frontier, the baselines and the intrinsic saving; `pick` chooses the
+plan for a straggler's iteration time. Inputs are a Perseus profile CSV or a model + cluster +
+plan costed by trainsim's DVFS model. Heavy imports stay inside the commands.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import typer
+
+from trainsim.errors import SpecError, TrainsimError
 
 app = typer.Typer(help="GPU frequency plans on the time-energy frontier (Perseus).",
                   no_args_is_help=True)
+
+_PROFILE = typer.Option(None, "--profile", help="Perseus profile CSV "
+                        "(stage,instruction,frequency,time,energy).")
+_MB = typer.Option(None, "--microbatches", help="Micro-batches per iteration.")
+_GPU = typer.Option(None, "--gpu", help="GPU type whose idle power is the blocking power.")
+_PB = typer.Option(None, "--blocking-power-w", help="Blocking power (W), instead of --gpu.")
+_MODEL = typer.Option(None, "--model", help="Zoo model name or model file (model mode).")
+_CLUSTER = typer.Option(None, "--cluster", help="Cluster spec, e.g. 8xA100-SXM4-80GB.")
+_PP = typer.Option(1, "--pp", help="Pipeline stages (model mode).")
+_TP = typer.Option(1, "--tp", help="Tensor-parallel degree (model mode).")
+_DP = typer.Option(1, "--dp", help="Data-parallel degree (model mode).")
+_MBS = typer.Option(1, "--micro-batch-size", help="Samples per micro-batch (model mode).")
+_UNIT = typer.Option(1e-3, "--unit-s", help="Time quantum of the crashing steps (s).")
+_OUT = typer.Option(None, "--out", help="Directory for plans.json and frontier.html.")
+_FORCE = typer.Option(False, "--force", help="Overwrite existing outputs.")
+_JSON = typer.Option(False, "--json", help="Print one JSON object.")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _load(profile: Path | None, microbatches: int | None, gpu: str | None,
+          blocking_power_w: float | None, model: str | None, cluster: str | None, pp: int,
+          tp: int, dp: int, micro_batch_size: int) -> Any:
+    """Build the instruction DAG from either input mode."""
+    from trainsim.search.energy_dag import build_dag
+    from trainsim.search.energy_profile import (
+        blocking_power_of,
+        load_perseus_csv,
+        profile_from_model,
+    )
+    if (profile is None) == (model is None):
+        raise SpecError("give either --profile CSV (with --microbatches) or --model with "
+                        "--cluster and plan flags")
+    if microbatches is None:
+        raise SpecError("--microbatches is required")
+    if profile is not None:
+        if (gpu is None) == (blocking_power_w is None):
+            raise SpecError("give exactly one of --gpu TYPE and --blocking-power-w W with "
+                            "--profile")
+        power = blocking_power_w if blocking_power_w is not None else blocking_power_of(gpu)
+        prof = load_perseus_csv(profile, blocking_power_w=float(power))
+    else:
+        if cluster is None:
+            raise SpecError("--model needs --cluster")
+        plan = {"pp": pp, "tp": tp, "dp": dp, "micro_batch_size": micro_batch_size,
+                "num_micro_batches": microbatches, "schedule": "1f1b"}
+        prof = profile_from_model(model, cluster, plan)
+        if blocking_power_w is not None:
+            from dataclasses import replace
+            prof = replace(prof, blocking_power_w=float(blocking_power_w))
+    return build_dag(prof, microbatches)
+
+
+def _check_out(out: Path | None, force: bool) -> None:
+    if out is None:
+        return
+    for name in ("plans.json", "frontier.html"):
+        if (out / name).exists() and not force:
+            raise SpecError(f"{out / name} exists; pass --force to overwrite it")
+
+
+def _plan_json(dag: Any, point: Any) -> dict[str, Any]:
+    ranks = []
+    for s, nodes in enumerate(dag.stage_order):
+        ranks.append({"rank": s, "instructions": [dag.label(i) for i in nodes],
+                      "freq_mhz": [float(point.freq_mhz[i]) for i in nodes]})
+    return {"time_s": point.time_s, "energy_j": point.energy_j, "ranks": ranks}
+
+
+def _run_frontier(dag: Any, unit_s: float) -> dict[str, Any]:
+    from trainsim.search.energy_baselines import all_baselines
+    from trainsim.search.energy_frontier import compute_frontier, energy_at
+    fr = compute_frontier(dag, unit_s=unit_s)
+    baselines = all_baselines(dag, unit_s=unit_s)
+    top = baselines[0].point
+    e0 = energy_at(fr.points, top.time_s, dag.profile.blocking_power_w, dag.num_stages)
+    return {"frontier": fr, "baselines": baselines, "all_max": top,
+            "intrinsic_saving": 1.0 - e0 / top.energy_j}
+
+
+def _write(out: Path, dag: Any, res: dict[str, Any], chosen: Any, extra: dict[str, Any]) -> None:
+    from trainsim.search.energy_plot import frontier_figure, write_html
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"source": dag.profile.source, "num_stages": dag.num_stages,
+           "num_micro_batches": dag.num_micro_batches,
+           "blocking_power_w": dag.profile.blocking_power_w, **extra,
+           "plans": [_plan_json(dag, p) for p in res["frontier"].points]}
+    (out / "plans.json").write_text(json.dumps(doc, indent=1) + "\n")
+    fig = frontier_figure(dag, res["frontier"].points, res["baselines"], chosen,
+                          title=f"{Path(dag.profile.source).name}, "
+                                f"{dag.num_micro_batches} micro-batches")
+    write_html(fig, str(out / "frontier.html"))
+
+
+def _summary(dag: Any, res: dict[str, Any]) -> dict[str, Any]:
+    top = res["all_max"]
+    return {
+        "source": dag.profile.source, "num_stages": dag.num_stages,
+        "num_micro_batches": dag.num_micro_batches,
+        "blocking_power_w": dag.profile.blocking_power_w,
+        "all_max": {"time_s": top.time_s, "energy_j": top.energy_j},
+        "frontier": [{"time_s": p.time_s, "energy_j": p.energy_j}
+                     for p in res["frontier"].points],
+        "intrinsic_saving": res["intrinsic_saving"],
+        "baselines": {b.name: {"time_s": b.point.time_s, "energy_j": b.point.energy_j}
+                      for b in res["baselines"]},
+        "planner_s": res["frontier"].planner_s,
+    }
+
+
+@app.command("frontier")
+def frontier_command(profile: Path = _PROFILE, microbatches: int = _MB, gpu: str = _GPU,
+                     blocking_power_w: float = _PB, model: str = _MODEL, cluster: str = _CLUSTER,
+                     pp: int = _PP, tp: int = _TP, dp: int = _DP,
+                     micro_batch_size: int = _MBS, unit_s: float = _UNIT, out: Path = _OUT,
+                     force: bool = _FORCE, as_json: bool = _JSON) -> None:
+    """Every frequency plan on the iteration time–energy frontier, with baselines."""
+    try:
+        _check_out(out, force)
+        dag = _load(profile, microbatches, gpu, blocking_power_w, model, cluster, pp, tp, dp,
+                    micro_batch_size)
+        res = _run_frontier(dag, unit_s)
+        summary = _summary(dag, res)
+        if out is not None:
+            chosen = min(res["frontier"].points, key=lambda p: (p.time_s, p.energy_j))
+            _write(out, dag, res, chosen, {"all_max": summary["all_max"]})
+    except TrainsimError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    top = res["all_max"]
+    typer.echo(f"{dag.num_stages} stages x {dag.num_micro_batches} micro-batches, "
+               f"{len(summary['frontier'])} frontier plans in {summary['planner_s']:.2f} s")
+    typer.echo(f"all-max: {top.time_s:.4f} s {top.energy_j:.1f} J; intrinsic saving at no "
+               f"slowdown {summary['intrinsic_saving']:.1%}")
+    for name, b in summary["baselines"].items():
+        typer.echo(f"  {name:13s} {b['time_s']:.4f} s {b['energy_j']:.1f} J")
+
+
+@app.command("pick")
+def pick_command(straggler: float = typer.Option(None, "--straggler",
+                                                 help="Slowdown factor T'/T_allmax (>= 1)."),
+                 deadline_s: float = typer.Option(None, "--deadline-s",
+                                                  help="Straggler's iteration time T' (s)."),
+                 profile: Path = _PROFILE, microbatches: int = _MB, gpu: str = _GPU,
+                 blocking_power_w: float = _PB, model: str = _MODEL, cluster: str = _CLUSTER,
+                 pp: int = _PP, tp: int = _TP, dp: int = _DP,
+                 micro_batch_size: int = _MBS, unit_s: float = _UNIT, out: Path = _OUT,
+                 force: bool = _FORCE, as_json: bool = _JSON) -> None:
+    """The lowest-energy plan that finishes by a straggler's iteration time."""
+    from trainsim.search.energy_straggler import pick
+    try:
+        _check_out(out, force)
+        dag = _load(profile, microbatches, gpu, blocking_power_w, model, cluster, pp, tp, dp,
+                    micro_batch_size)
+        res = _run_frontier(dag, unit_s)
+        choice = pick(res["frontier"].points, res["all_max"],
+                      blocking_power_w=dag.profile.blocking_power_w,
+                      num_stages=dag.num_stages, slowdown=straggler, deadline_s=deadline_s)
+        summary = _summary(dag, res)
+        summary["pick"] = {"deadline_s": choice.deadline_s, "slowdown": choice.slowdown,
+                           "time_s": choice.point.time_s, "energy_j": choice.energy_j,
+                           "all_max_energy_j": choice.all_max_energy_j,
+                           "saving": choice.saving,
+                           "plan": _plan_json(dag, choice.point)}
+        if out is not None:
+            _write(out, dag, res, choice.point, {"pick": summary["pick"]})
+    except TrainsimError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    typer.echo(f"T' = {choice.deadline_s:.4f} s ({choice.slowdown:.3f} x all-max): plan "
+               f"{choice.point.time_s:.4f} s, {choice.energy_j:.1f} J incl. waiting; all-max "
+               f"{choice.all_max_energy_j:.1f} J; saving {choice.saving:.1%}")

@@ -35,8 +35,8 @@ import numpy as np
 
 from trainsim.errors import SimulationError
 from trainsim.simulator.event_loop_numba import (
-    STATE_SIZE,
     ST_ENDED,
+    STATE_SIZE,
     advance,
     init_state,
 )

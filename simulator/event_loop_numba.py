@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import numba
-import numpy as np
 
 ST_NOW, ST_UPDATED, ST_WAKE, ST_NEXT_END, ST_DIRTY, ST_HEAP, ST_ACTIVE, ST_READY, ST_ENDED = (
     range(9)
@@ -33,7 +32,7 @@ _jit = numba.njit(cache=True, nogil=True)
 
 
 @_jit
-def _heap_push(heap_time, heap_task, size, time, task):  # noqa: ANN001, ANN202
+def _heap_push(heap_time, heap_task, size, time, task):
     """Sift (time, task) up into the min-heap of `size` entries; return the new size."""
     i = size
     while i > 0:
@@ -50,7 +49,7 @@ def _heap_push(heap_time, heap_task, size, time, task):  # noqa: ANN001, ANN202
 
 
 @_jit
-def _heap_pop(heap_time, heap_task, size):  # noqa: ANN001, ANN202
+def _heap_pop(heap_time, heap_task, size):
     """Remove the root of the heap (caller read it); return the new size."""
     size -= 1
     if size == 0:
@@ -80,18 +79,18 @@ def _heap_pop(heap_time, heap_task, size):  # noqa: ANN001, ANN202
 
 
 @_jit
-def _drain(state, act_rem, act_rate, now):  # noqa: ANN001, ANN202
+def _drain(state, act_rem, act_rate, now):
     """Remaining bytes fall linearly at the current rates up to `now` (clamped at zero)."""
     elapsed = now - state[ST_UPDATED]
     if elapsed > 0:
         for i in range(int(state[ST_ACTIVE])):
             left = act_rem[i] - act_rate[i] * elapsed
-            act_rem[i] = left if left > 0.0 else 0.0
+            act_rem[i] = max(0.0, left)
     state[ST_UPDATED] = now
 
 
 @_jit
-def _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandwidth):  # noqa: ANN001, ANN202
+def _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandwidth):
     """Equal-share rates (min over links of bandwidth / users) and the next wake-up."""
     state[ST_DIRTY] = 0.0
     count = int(state[ST_ACTIVE])
@@ -107,22 +106,20 @@ def _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandw
         for k in range(link_ptr[t], link_ptr[t + 1]):
             link = link_idx[k]
             share = bandwidth[link] / users[link]
-            if share < rate:
-                rate = share
+            rate = min(rate, share)
         act_rate[i] = rate
         finish = updated + act_rem[i] / rate
-        if finish < next_end:
-            next_end = finish
+        next_end = min(next_end, finish)
     state[ST_NEXT_END] = next_end
     gap = next_end - updated
-    state[ST_WAKE] = updated + (gap if gap > 0.0 else 0.0)
+    state[ST_WAKE] = updated + (max(0.0, gap))
 
 
 @_jit
 def _end_task(
-    e, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,  # noqa: ANN001
-    succ_ptr, succ_idx, wait, end, stack, state,  # noqa: ANN001
-):  # noqa: ANN202
+    e, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
+    succ_ptr, succ_idx, wait, end, stack, state,
+):
     """Task `e` ends now: free its streams and its dependants; queue what became ready."""
     end[e] = now
     state[ST_ENDED] += 1.0
@@ -146,7 +143,7 @@ def _end_task(
 
 
 @_jit
-def _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users, state):  # noqa: ANN001, ANN202
+def _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users, state):
     """Task `t` enters its transfer phase now with all its bytes left."""
     _drain(state, act_rem, act_rate, now)
     k = int(state[ST_ACTIVE])
@@ -161,10 +158,10 @@ def _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rat
 
 @_jit
 def init_state(
-    duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,  # noqa: ANN001
-    succ_ptr, succ_idx, link_ptr, link_idx, bandwidth,  # noqa: ANN001
-    wait, start, end, heap_time, heap_task, act_task, act_rem, act_rate, users, stack, done_buf, state,  # noqa: ANN001
-):  # noqa: ANN201
+    duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
+    succ_ptr, succ_idx, link_ptr, link_idx, bandwidth,
+    wait, start, end, heap_time, heap_task, act_task, act_rem, act_rate, users, stack, done_buf, state,
+):
     """Count each queue's head as arrived and stack the tasks ready at time 0."""
     for q in range(len(queue_ptr) - 1):
         if queue_ptr[q + 1] > queue_ptr[q]:
@@ -182,11 +179,11 @@ def init_state(
 
 @_jit
 def advance(
-    duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,  # noqa: ANN001
-    succ_ptr, succ_idx, link_ptr, link_idx, bandwidth,  # noqa: ANN001
-    wait, start, end, heap_time, heap_task, act_task, act_rem, act_rate, users, stack, done_buf, state,  # noqa: ANN001
-    budget,  # noqa: ANN001
-):  # noqa: ANN201
+    duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
+    succ_ptr, succ_idx, link_ptr, link_idx, bandwidth,
+    wait, start, end, heap_time, heap_task, act_task, act_rem, act_rate, users, stack, done_buf, state,
+    budget,
+):
     """Run events until `budget` more tasks have ended or nothing is left to run.
 
     Each round first starts every task that became ready at the current instant (a zero-length
@@ -219,12 +216,10 @@ def advance(
             break
         heap_size = int(state[ST_HEAP])
         next_fixed = heap_time[0] if heap_size > 0 else math.inf
-        if state[ST_DIRTY] > 0:
-            if next_fixed == now:
-                # More fixed-part ends at this instant: the rates only matter once time moves.
-                pass
-            else:
-                _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandwidth)
+        if state[ST_DIRTY] > 0 and next_fixed != now:
+            # Replan once per instant: with more fixed-part ends at this instant still to come,
+            # the rates only matter once time moves.
+            _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandwidth)
         wake = state[ST_WAKE] if state[ST_DIRTY] == 0 else math.inf
         if next_fixed == math.inf and wake == math.inf:
             break
@@ -248,8 +243,7 @@ def advance(
                     continue
                 if elapsed > 0:
                     rem -= rate * elapsed
-                    if rem < 0.0:
-                        rem = 0.0
+                    rem = max(rem, 0.0)
                 act_task[kept] = t
                 act_rem[kept] = rem
                 act_rate[kept] = rate

@@ -71,7 +71,7 @@ _CLUSTERS = ("4xV100-SXM2-32GB", "8xA100-SXM4-40GB", "2x4xA100-SXM4-80GB", "1x4x
 
 
 @st.composite
-def lowered_plans(draw: st.DrawFn):  # noqa: ANN201
+def lowered_plans(draw: st.DrawFn):
     """(model, cluster, plan fields, fold) for a plan the checks may still reject."""
     model = draw(st.sampled_from(_MODELS))
     cluster = draw(st.sampled_from(_CLUSTERS))

@@ -1,0 +1,205 @@
+"""Predicted vs measured: simulate a trace's plan with the profiled cost model and diff.
+
+`compare(trace, db)` builds the local "cpu" cluster from the profile (validate/cpu_hardware.py),
+lowers the trace's model and plan (1F1B, fp32) with `ProfiledCostModel`, runs the engine, and
+sets the prediction beside the measurement:
+
+* iteration time — measured: median over iterations of the slowest rank's wall time;
+* per-stage busy time — measured: a stage's first rank's median time inside forward/backward
+  passes (tensor-parallel all-reduces included, waits for pipeline receives excluded) plus the
+  optimizer step; predicted: the stage's compute- and tp-stream task time;
+* per-op-kind time — measured: the profiled iteration's op spans of each stage's first rank;
+  predicted: the cost model over the stage's sharded ops × micro-batches (forward + backward),
+  with the optimizer step;
+* peak memory — measured: see trace_record.py; predicted: the engine's peak per rank.
+
+Errors are signed and relative: (predicted − measured) / measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainsim.errors import TraceError, UnknownNameError
+from trainsim.validate.profile_db import ProfileDB
+from trainsim.validate.trace_import import KIND_ALIASES
+from trainsim.validate.trace_record import MeasuredTrace
+
+
+def rel_error(predicted: float, measured: float) -> float | None:
+    """(predicted − measured) / measured, or None when nothing was measured."""
+    return (predicted - measured) / measured if measured > 0 else None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Comparison:
+    """The result of `compare` (flat records; `to_dict` is what ``--json`` prints)."""
+
+    model: str
+    plan: dict[str, int] = field(hash=False)
+    iteration_time_measured_s: float
+    iteration_time_predicted_s: float
+    iteration_time_spread_s: float
+    """Interquartile range of the measured iteration times (the run's noise)."""
+    stages: tuple[dict[str, Any], ...]
+    """Per stage: stage, busy_measured_s, busy_predicted_s, busy_error."""
+    kinds: tuple[dict[str, Any], ...]
+    """Per op kind: kind, measured_s, predicted_s, error."""
+    peak_memory_measured_bytes: float
+    peak_memory_predicted_bytes: float
+    cost_sources: dict[str, int] = field(hash=False)
+    """How the cost model answered (exact / interpolated / roofline)."""
+    result: Any = field(default=None, repr=False, compare=False)
+    """The SimResult (for the overlay plot)."""
+
+    @property
+    def iteration_time_error(self) -> float:
+        """Signed relative iteration-time error."""
+        return (self.iteration_time_predicted_s - self.iteration_time_measured_s) \
+            / self.iteration_time_measured_s
+
+    @property
+    def peak_memory_error(self) -> float | None:
+        """Signed relative peak-memory error (None without a measured peak)."""
+        return rel_error(self.peak_memory_predicted_bytes, self.peak_memory_measured_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary."""
+        return {"model": self.model, "plan": self.plan,
+                "iteration_time_measured_s": self.iteration_time_measured_s,
+                "iteration_time_predicted_s": self.iteration_time_predicted_s,
+                "iteration_time_error": self.iteration_time_error,
+                "iteration_time_spread_s": self.iteration_time_spread_s,
+                "peak_memory_measured_bytes": self.peak_memory_measured_bytes,
+                "peak_memory_predicted_bytes": self.peak_memory_predicted_bytes,
+                "peak_memory_error": self.peak_memory_error,
+                "stages": list(self.stages), "op_kinds": list(self.kinds),
+                "cost_sources": dict(self.cost_sources)}
+
+
+def _stage_layers(graph: Any, pp: int, counts: list[int]) -> list[list[Any]]:
+    """Layers of each stage as the lowering partitions them (non-blocks join a neighbour)."""
+    out: list[list[Any]] = [[] for _ in range(pp)]
+    stage, seen = 0, 0
+    for layer in graph.layers:
+        if layer.recomputable:
+            while seen >= counts[stage]:
+                stage, seen = stage + 1, 0
+            seen += 1
+        out[stage].append(layer)
+    return out
+
+
+def predicted_kind_s(cost: Any, layers: list[Any], tp: int, m: int, params: float
+                     ) -> dict[str, float]:
+    """Cost-model seconds per op kind of one stage's iteration (module docstring)."""
+    from trainsim.workloads.stage_costs import ADAM_STEP_BYTES_PER_PARAM, ADAM_STEP_FLOPS_PER_PARAM
+
+    out: dict[str, float] = {}
+    for layer in layers:
+        for op in layer.sharded_ops(tp):
+            t = cost.time_s(op.kind, op.fwd_flops, op.fwd_bytes, op.shape)
+            if op.kind == "matmul":
+                t += 2 * cost.time_s(op.kind, op.bwd_flops / 2, op.bwd_bytes / 2, op.shape)
+            else:
+                t += cost.time_s(op.kind, op.bwd_flops, op.bwd_bytes, op.shape)
+            kind = KIND_ALIASES.get(op.kind, op.kind)
+            out[kind] = out.get(kind, 0.0) + m * t
+    out["optimizer"] = cost.time_s("elementwise", ADAM_STEP_FLOPS_PER_PARAM * params,
+                                   ADAM_STEP_BYTES_PER_PARAM * params, None)
+    return out
+
+
+def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Comparison:
+    """Simulate `trace`'s plan on the profile's cpu cluster and compare (module docstring).
+
+    Raises:
+        TraceError: the trace's model is unknown or its plan does not fit the model.
+    """
+    from trainsim.errors import PlanError
+    from trainsim.simulator.simulate import run_program
+    from trainsim.validate.cpu_hardware import cpu_cluster
+    from trainsim.validate.profiled_cost import ProfiledCostModel
+    from trainsim.validate.small_models import get_validation_model
+    from trainsim.workloads.lowering import LoweringOptions, lower
+    from trainsim.workloads.model import build_graph
+    from trainsim.workloads.plan import ParallelPlan
+
+    try:
+        spec = get_validation_model(trace.model)
+    except UnknownNameError as exc:
+        raise TraceError(f"trace model: {exc}") from None
+    p = trace.plan
+    world = p["dp"] * p["tp"] * p["pp"]
+    cluster = cpu_cluster(db, world)
+    try:
+        plan = ParallelPlan.build(spec, cluster, dp=p["dp"], tp=p["tp"], pp=p["pp"],
+                                  micro_batch_size=p["micro_batch_size"],
+                                  num_micro_batches=p["num_micro_batches"], schedule="1f1b",
+                                  dtype="fp32")
+    except PlanError as exc:
+        raise TraceError(f"trace plan: {exc}") from None
+    cost = ProfiledCostModel(db)
+    program = lower(spec, cluster, plan, LoweringOptions(cost_model=cost))
+    result = run_program(program, engine=engine)
+    tasks = result.tasks
+    graph = build_graph(spec, p["micro_batch_size"])
+    counts = list(plan.layers_per_stage(len(graph.transformer_layers())))
+    layers = _stage_layers(graph, p["pp"], counts)
+    stages, kinds_pred, kinds_meas = [], {}, {}
+    for s in range(p["pp"]):
+        first = [r for r in trace.ranks if r.get("stage") == s]
+        first.sort(key=lambda r: (r.get("replica", 0), r.get("tp_index", 0)))
+        rows = tasks[(tasks["rank"] == s) & tasks["stream"].isin(["compute", "tp"])]
+        busy_pred = float(rows["duration_s"].sum())
+        busy_meas = float(first[0].get("compute_s", 0.0)) if first else 0.0
+        stages.append({"stage": s, "busy_measured_s": busy_meas, "busy_predicted_s": busy_pred,
+                       "busy_error": rel_error(busy_pred, busy_meas)})
+        params = float(program.static_memory_bytes[s]) / 16.0  # fp32 Adam: 4+4+8 B/param
+        for k, v in predicted_kind_s(cost, layers[s], p["tp"], p["num_micro_batches"],
+                                     params).items():
+            kinds_pred[k] = kinds_pred.get(k, 0.0) + v
+        for k, v in (first[0].get("kind_s", {}) if first else {}).items():
+            kinds_meas[k] = kinds_meas.get(k, 0.0) + float(v)
+    kinds = [{"kind": k, "measured_s": kinds_meas.get(k, 0.0),
+              "predicted_s": kinds_pred.get(k, 0.0),
+              "error": rel_error(kinds_pred.get(k, 0.0), kinds_meas.get(k, 0.0))}
+             for k in sorted(set(kinds_pred) | set(kinds_meas))]
+    times = sorted(trace.iteration_times_s)
+    q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    return Comparison(
+        model=spec.name, plan=dict(p), iteration_time_measured_s=trace.iteration_time_s,
+        iteration_time_predicted_s=float(result.iteration_time_s),
+        iteration_time_spread_s=q[2] - q[0], stages=tuple(stages), kinds=tuple(kinds),
+        peak_memory_measured_bytes=trace.peak_memory_bytes,
+        peak_memory_predicted_bytes=float(result.peak_memory_bytes),
+        cost_sources=dict(cost.sources), result=result)
+
+
+def format_report(c: Comparison) -> str:
+    """The table `sim validate` prints."""
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:+.1f}%"
+
+    p = c.plan
+    lines = [f"{c.model}  dp={p['dp']} tp={p['tp']} pp={p['pp']}  micro-batch "
+             f"{p['micro_batch_size']} x {p['num_micro_batches']}",
+             f"{'':24}{'measured':>12}{'predicted':>12}{'error':>9}",
+             f"{'iteration time (ms)':24}{1e3 * c.iteration_time_measured_s:12.2f}"
+             f"{1e3 * c.iteration_time_predicted_s:12.2f}{pct(c.iteration_time_error):>9}"
+             f"   (measured IQR {1e3 * c.iteration_time_spread_s:.2f} ms)"]
+    for s in c.stages:
+        lines.append(f"{'stage ' + str(s['stage']) + ' busy (ms)':24}"
+                     f"{1e3 * s['busy_measured_s']:12.2f}{1e3 * s['busy_predicted_s']:12.2f}"
+                     f"{pct(s['busy_error']):>9}")
+    lines.append(f"{'peak memory (MiB)':24}{c.peak_memory_measured_bytes / 2**20:12.2f}"
+                 f"{c.peak_memory_predicted_bytes / 2**20:12.2f}{pct(c.peak_memory_error):>9}")
+    lines.append("per op kind (ms, first rank of each stage, summed over stages):")
+    for k in c.kinds:
+        lines.append(f"  {k['kind']:22}{1e3 * k['measured_s']:12.2f}{1e3 * k['predicted_s']:12.2f}"
+                     f"{pct(k['error']):>9}")
+    src = ", ".join(f"{k} {v}" for k, v in sorted(c.cost_sources.items()))
+    lines.append(f"cost model estimates: {src}")
+    return "\n".join(lines)

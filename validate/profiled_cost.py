@@ -1,0 +1,172 @@
+"""An op cost model from a profile database: measured times, interpolated between shapes.
+
+`ProfiledCostModel` implements the `OpCostModel` protocol (hwmodels/opcost.py), so lowering
+takes it as `LoweringOptions(cost_model=...)`. For an op (kind, FLOPs, bytes, shape):
+
+1. **Which pass.** The lowering asks for a forward, a full backward, or (GEMMs) each half of a
+   backward; the query's FLOPs say which: a measured row of the same kind and shape whose
+   FLOPs match is used as is. Without one, the pass is the one whose measured FLOPs per
+   element (FLOPs / ∏shape) is nearest (the zoo counts a backward as 2× the forward FLOPs).
+2. **GEMMs.** A GEMM's forward and each backward half have the same FLOPs and bytes, so the
+   lowering's three calls per GEMM cannot be told apart; each returns one third of the
+   measured forward + backward, which keeps every instruction's total exact.
+3. **Interpolation.** Between measured shapes of one kind and pass, time is interpolated
+   linearly in log(FLOPs)–log(time) (a power law between neighbours); outside the measured
+   range the nearest point's throughput is kept (time ∝ FLOPs).
+4. **Optimizer.** The lowering costs the Adam step as an ``elementwise`` op without a shape
+   and with 12 FLOPs per parameter (workloads/stage_costs.py); it is looked up in the
+   ``optimizer`` rows by parameter count.
+5. **Fallback.** A kind the profile lacks gets a roofline on the figures the profile implies
+   (validate/cpu_hardware.py): max(FLOPs/peak, bytes/bandwidth) + the per-op overhead.
+
+`sources` counts how each estimate was made (``exact``, ``interpolated``, ``roofline``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from trainsim.hwmodels.opcost import OpEstimate
+from trainsim.validate.cpu_hardware import derive_figures
+from trainsim.validate.profile_db import ProfileDB, ProfileRow
+from trainsim.workloads.stage_costs import ADAM_STEP_FLOPS_PER_PARAM
+
+_REL = 1e-6
+"""Relative tolerance for FLOP counts to count as the same measurement."""
+
+
+class _Curve:
+    """log(time) against log(work), linear between points, constant throughput outside."""
+
+    def __init__(self, points: list[tuple[float, float]]) -> None:
+        merged: dict[float, list[float]] = {}
+        for work, t in points:
+            if work > 0:
+                merged.setdefault(work, []).append(t)
+        pts = sorted((w, float(np.median(ts))) for w, ts in merged.items())
+        self.x = np.log([w for w, _ in pts])
+        self.y = np.log([t for _, t in pts])
+
+    def __bool__(self) -> bool:
+        return len(self.x) > 0
+
+    def __call__(self, work: float) -> float:
+        lx = math.log(work)
+        if lx <= self.x[0]:
+            return math.exp(self.y[0] + lx - self.x[0])
+        if lx >= self.x[-1]:
+            return math.exp(self.y[-1] + lx - self.x[-1])
+        return math.exp(float(np.interp(lx, self.x, self.y)))
+
+
+class ProfiledCostModel:
+    """Measured op times from a `ProfileDB` (module docstring)."""
+
+    def __init__(self, db: ProfileDB) -> None:
+        """Index the database by (kind, shape, pass) and build per-kind curves."""
+        self.db = db
+        self.figures = derive_figures(db)
+        self._exact: dict[tuple[str, tuple[int, ...], str], list[ProfileRow]] = {}
+        self._curves: dict[tuple[str, str], _Curve] = {}
+        self._fpe: dict[tuple[str, str], float] = {}
+        groups: dict[tuple[str, str], list[ProfileRow]] = {}
+        for r in db.rows:
+            if r.pass_ == "comm":
+                continue
+            self._exact.setdefault((r.kind, r.shape, r.pass_), []).append(r)
+            groups.setdefault((r.kind, r.pass_), []).append(r)
+        for key, rows in groups.items():
+            work = [(self._work(r), r.time_s) for r in rows]
+            self._curves[key] = _Curve(work)
+            per = [r.flops / math.prod(r.shape) for r in rows if r.shape and r.flops > 0]
+            if per:
+                self._fpe[key] = float(np.median(per))
+        self.sources: Counter[str] = Counter()
+        """How many estimates were exact, interpolated or roofline."""
+
+    @staticmethod
+    def _work(r: ProfileRow) -> float:
+        if r.kind == "optimizer":
+            return float(r.shape[0]) if r.shape else r.flops / ADAM_STEP_FLOPS_PER_PARAM
+        return r.flops if r.flops > 0 else float(math.prod(r.shape) or 1)
+
+    def _lookup(self, kind: str, pass_: str, flops: float,
+                shape: tuple[int, ...] | None) -> float | None:
+        rows = self._exact.get((kind, tuple(shape or ()), pass_), [])
+        hits = [r.time_s for r in rows if abs(r.flops - flops) <= _REL * max(flops, 1.0)]
+        if hits:
+            self.sources["exact"] += 1
+            return float(np.median(hits))
+        curve = self._curves.get((kind, pass_))
+        if not curve or flops <= 0:
+            return None
+        self.sources["interpolated"] += 1
+        return curve(flops)
+
+    def _pass_of(self, kind: str, flops: float, shape: tuple[int, ...] | None) -> str:
+        shape_t = tuple(shape or ())
+        for pass_ in ("fwd", "bwd"):
+            for r in self._exact.get((kind, shape_t, pass_), []):
+                if abs(r.flops - flops) <= _REL * max(flops, 1.0):
+                    return pass_
+        if not shape_t or (kind, "fwd") not in self._fpe:
+            return "fwd"
+        per = flops / math.prod(shape_t)
+        best = min(("fwd", "bwd"), key=lambda p: abs(math.log(
+            max(per, 1e-30) / self._fpe.get((kind, p), self._fpe[(kind, "fwd")] * 2))))
+        return best
+
+    def time_s(self, kind: str, flops: float, bytes_moved: float,
+               shape: tuple[int, ...] | None = None) -> float:
+        """Seconds of one op call as the lowering asks for it (module docstring)."""
+        t: float | None
+        if kind == "elementwise" and shape is None and ("optimizer", "step") in self._curves:
+            self.sources["interpolated"] += 1
+            params = flops / ADAM_STEP_FLOPS_PER_PARAM
+            rows = [r for r in self.db.ops("optimizer", "step")
+                    if r.shape and r.shape[0] == round(params)]
+            if rows:
+                self.sources["exact"] += 1
+                self.sources["interpolated"] -= 1
+                return float(np.median([r.time_s for r in rows]))
+            return self._curves[("optimizer", "step")](max(params, 1.0))
+        if kind in ("matmul", "batched_matmul"):
+            fwd = self._lookup(kind, "fwd", flops, shape)
+            bwd = self._lookup(kind, "bwd", 2 * flops, shape)
+            if fwd is not None and bwd is not None:
+                return (fwd + bwd) / 3.0
+            t = None
+        else:
+            t = self._lookup(kind, self._pass_of(kind, flops, shape), flops, shape)
+        if t is not None:
+            return t
+        self.sources["roofline"] += 1
+        fig = self.figures
+        return max(flops / fig.peak_flops, bytes_moved / fig.memory_bandwidth_bytes_per_s) \
+            + fig.op_overhead_s
+
+    def estimate(self, kind: str, flops: float, bytes_moved: float, gpu: Any,
+                 freq_mhz: float | None = None, dtype: str = "fp16",
+                 shape: tuple[int, ...] | None = None) -> OpEstimate:
+        """`OpCostModel.estimate`: measured time; power is the hardware's `tdp_w` (the cpu
+        description's placeholder; frequency and dtype are what the profile was run at)."""
+        t = self.time_s(kind, flops, bytes_moved, shape)
+        fig = self.figures
+        compute_s = flops / fig.peak_flops
+        memory_s = bytes_moved / fig.memory_bandwidth_bytes_per_s
+        return OpEstimate(time_s=t, compute_s=min(compute_s, t), memory_s=min(memory_s, t),
+                          overhead_s=max(0.0, t - max(compute_s, memory_s)),
+                          power_w=float(getattr(gpu, "tdp_w", 0.0)))
+
+
+def load_cost_model(path: str | Path) -> ProfiledCostModel:
+    """A `ProfiledCostModel` from a profile database file (what `sim simulate --profile` uses).
+
+    Raises:
+        DataFileError: the file is not a profile database or lacks the rows a cost model needs.
+    """
+    return ProfiledCostModel(ProfileDB.load(path))

@@ -1,0 +1,218 @@
+"""Real training iterations of a small model under a parallel plan, in separate processes.
+
+`run_parallel(spec, plan, ...)` spawns dp·tp·pp worker processes (torch.multiprocessing, gloo on
+127.0.0.1 only) that train the model for warm-up + measured iterations and write what they saw
+to one JSON file per rank. Ranks are laid out as the lowering lays out GPUs (Megatron-LM: tensor
+parallel innermost, then data parallel, then pipeline): rank = stage·dp·tp + replica·tp + t.
+
+* data parallel: after the last backward every replica all-reduces its gradients as one
+  flattened buffer and divides by dp (one bucket, as the lowering's DDP model has for a model
+  under 25 MiB of gradients);
+* pipeline parallel: each stage runs its action list of the simulator's own 1F1B schedule
+  (simulator/schedules.py), with blocking receives and non-blocking sends of [tokens, hidden]
+  activations and their gradients between stages;
+* tensor parallel: column/row-parallel linears with all-reduces inside forward and backward
+  (validate/torch_ops.py).
+
+Each worker uses one intra-op thread (two processes share two cores). Timed iterations run
+without the profiler; one extra iteration runs under torch.profiler (per-op ranges, CPU memory
+events) and is folded into per-op events and a peak of live tensor bytes by trace_import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from trainsim.errors import TraceError
+
+WORKER_THREADS = 1
+"""Intra-op threads per worker (one core per process on the 2-core CI machine)."""
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for the gloo rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_layout(rank: int, dp: int, tp: int) -> tuple[int, int, int]:
+    """(stage, replica, tp index) of a global rank (tp innermost, then dp, then pp)."""
+    per_stage = dp * tp
+    return rank // per_stage, (rank % per_stage) // tp, rank % tp
+
+
+def _groups(dist: Any, world: int, dp: int, tp: int, pp: int, rank: int) -> tuple[Any, Any]:
+    """This rank's tensor- and data-parallel process groups (every rank creates every group)."""
+    tp_group = dp_group = None
+    for s in range(pp):
+        for d in range(dp):
+            ranks = [s * dp * tp + d * tp + t for t in range(tp)]
+            g = dist.new_group(ranks) if tp > 1 else None
+            if rank in ranks:
+                tp_group = g
+        for t in range(tp):
+            ranks = [s * dp * tp + d * tp + t for d in range(dp)]
+            g = dist.new_group(ranks) if dp > 1 else None
+            if rank in ranks:
+                dp_group = g
+    return tp_group, dp_group
+
+
+def _worker(rank: int, cfg: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+    from trainsim.simulator.schedules import get_schedule
+    from trainsim.validate import torch_model as tm
+    from trainsim.validate.small_models import get_validation_model
+
+    torch.set_num_threads(WORKER_THREADS)
+    dp, tp, pp = cfg["dp"], cfg["tp"], cfg["pp"]
+    world = dp * tp * pp
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
+                            world_size=world)
+    try:
+        tp_group, dp_group = _groups(dist, world, dp, tp, pp, rank)
+        spec = get_validation_model(cfg["model"])
+        stage, replica, t = rank_layout(rank, dp, tp)
+        model = tm.build_stage(spec, stage=stage, pp=pp, tp=tp, tp_rank=t, seed=cfg["seed"])
+        params = [p for p in model.parameters()]
+        optimizer = torch.optim.Adam(params, lr=1e-4)
+        b, m = cfg["micro_batch_size"], cfg["num_micro_batches"]
+        s = spec.seq_len
+        batches = [tm.batch(spec, b, seed=1000 * replica + j) for j in range(m)]
+        actions = get_schedule("1f1b")(pp, m, 1)[stage]
+        prev_rank = rank - dp * tp if stage > 0 else None
+        next_rank = rank + dp * tp if stage < pp - 1 else None
+        shape = (b * s, spec.hidden)
+
+        def iteration(record: dict[str, Any] | None) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            inputs: dict[int, Any] = {}
+            outputs: dict[int, Any] = {}
+            sends: list[Any] = []
+            for a in actions:
+                j = a.micro_batch
+                if a.kind == "F":
+                    if prev_rank is None:
+                        x = batches[j]["ids"]
+                    else:
+                        x = torch.empty(shape)
+                        dist.recv(x, src=prev_rank)
+                        x.requires_grad_(True)
+                    t0 = time.perf_counter()
+                    with tm.op_range("action", f"{stage}F{j}"):
+                        out = model(x, b, s, tp_group, targets=batches[j]["targets"],
+                                    dec_ids=batches[j].get("dec_ids"))
+                        if next_rank is None:
+                            out = out / m
+                    t1 = time.perf_counter()
+                    inputs[j], outputs[j] = x, out
+                    if next_rank is not None:
+                        sends.append(dist.isend(out.detach(), dst=next_rank))
+                else:
+                    grad = None
+                    if next_rank is not None:
+                        grad = torch.empty(shape)
+                        dist.recv(grad, src=next_rank)
+                    t0 = time.perf_counter()
+                    with tm.op_range("action", f"{stage}B{j}"):
+                        torch.autograd.backward(outputs.pop(j), grad)
+                    t1 = time.perf_counter()
+                    x = inputs.pop(j)
+                    if prev_rank is not None:
+                        sends.append(dist.isend(x.grad, dst=prev_rank))
+                if record is not None:
+                    record["compute_s"] += t1 - t0
+            t0 = time.perf_counter()
+            if dp_group is not None:
+                grads = [p.grad for p in params if p.grad is not None]
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=dp_group)
+                flat.div_(dp)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+            t1 = time.perf_counter()
+            optimizer.step()
+            t2 = time.perf_counter()
+            for w in sends:
+                w.wait()
+            if record is not None:
+                record["dp_sync_s"] += t1 - t0
+                record["optimizer_s"] += t2 - t1
+                record["compute_s"] += t2 - t1
+
+        for _ in range(cfg["warmup"]):
+            iteration(None)
+        times, parts = [], []
+        for _ in range(cfg["iterations"]):
+            record = {"compute_s": 0.0, "dp_sync_s": 0.0, "optimizer_s": 0.0}
+            dist.barrier()
+            t0 = time.perf_counter()
+            iteration(record)
+            times.append(time.perf_counter() - t0)
+            parts.append(record)
+        # one profiled iteration: per-op events and CPU memory
+        from torch.profiler import ProfilerActivity, profile
+
+        dist.barrier()
+        optimizer.zero_grad(set_to_none=True)
+        tm.profiling(True)
+        trace_path = Path(cfg["out_dir"]) / f"kineto_rank{rank}.json"
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            iteration(None)
+        tm.profiling(False)
+        prof.export_chrome_trace(str(trace_path))
+        state_bytes = tm.tensor_bytes(iter(params)) + tm.tensor_bytes(
+            v for st in optimizer.state.values() for v in st.values()
+            if torch.is_tensor(v) and v.dim() > 0)
+        result = {"rank": rank, "stage": stage, "replica": replica, "tp_index": t,
+                  "iteration_times_s": times, "parts": parts,
+                  "param_bytes": tm.tensor_bytes(iter(params)),
+                  "state_bytes": state_bytes, "kineto": trace_path.name}
+        Path(cfg["out_dir"], f"rank{rank}.json").write_text(json.dumps(result))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_parallel(model: str, *, dp: int, tp: int, pp: int, micro_batch_size: int,
+                 num_micro_batches: int, iterations: int, warmup: int, out_dir: str | Path,
+                 seed: int = 0) -> list[dict[str, Any]]:
+    """Spawn the workers, wait for them, and return each rank's record (rank order).
+
+    Raises:
+        TraceError: a degree does not fit the model (heads, vocabulary, layers) or a worker died.
+    """
+    from trainsim.validate.small_models import get_validation_model
+
+    spec = get_validation_model(model)
+    if spec.family not in ("gpt", "t5"):
+        raise TraceError(f"model {spec.name!r}: family {spec.family!r} has no torch model")
+    if spec.family == "t5" and (tp > 1 or pp > 1):
+        raise TraceError(f"model {spec.name!r}: T5 runs with data parallelism only (tp=pp=1)")
+    if spec.num_heads % tp or spec.vocab_size % tp or int(spec.ffn_hidden or 0) % tp:
+        raise TraceError(f"plan tp={tp} must divide num_heads={spec.num_heads}, "
+                         f"vocab_size={spec.vocab_size} and ffn_hidden={spec.ffn_hidden}")
+    if pp > spec.num_layers:
+        raise TraceError(f"plan pp={pp} exceeds model num_layers={spec.num_layers}")
+    world = dp * tp * pp
+    cfg = {"model": model, "dp": dp, "tp": tp, "pp": pp, "micro_batch_size": micro_batch_size,
+           "num_micro_batches": num_micro_batches, "iterations": iterations, "warmup": warmup,
+           "out_dir": str(out_dir), "seed": seed, "port": free_port()}
+    import torch.multiprocessing as mp
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        mp.spawn(_worker, args=(cfg,), nprocs=world, join=True)
+    except mp.ProcessRaisedException as exc:
+        raise TraceError(f"a training worker failed: {str(exc).strip().splitlines()[-1]}") \
+            from None
+    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]

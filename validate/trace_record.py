@@ -1,0 +1,224 @@
+"""`sim trace`: record real training iterations into a trainsim measured trace (JSON).
+
+A `MeasuredTrace` holds what `sim validate` compares against: the model and plan, the
+machine, per-iteration wall times after warm-up (the slowest rank's, each iteration starting
+from a barrier), per-rank compute / data-parallel-sync / optimizer times, peak memory, and the
+per-op spans of one profiled iteration (torch.profiler, trainsim's ``op:<kind>:<name>`` ranges).
+
+**Peak memory on CPU** (no ``max_memory_allocated`` there): the parameters' and Adam states'
+bytes, counted from the tensors, plus the peak of the profiler's "Total Allocated" over one
+profiled iteration — the bytes allocated since the iteration began and still alive
+(activations, gradients, temporaries). Gradients are freed (set to None) before it begins, so
+they are counted in the second term. tracemalloc does not see torch's allocator and RSS keeps
+freed pages, so neither is used.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainsim.errors import TraceError
+
+FORMAT = "trainsim-trace"
+VERSION = 1
+PLAN_FIELDS = ("dp", "tp", "pp", "micro_batch_size", "num_micro_batches")
+PLAN_ALIASES = {"dp2": {"dp": 2}, "pp2": {"pp": 2}, "tp2": {"tp": 2}, "single": {},
+                "dp2pp1": {"dp": 2}}
+
+
+def parse_plan(text: str, *, micro_batch_size: int, num_micro_batches: int | None) -> dict[str, int]:
+    """``dp2``, ``pp2``, ``tp2`` or ``dp=2,tp=1,pp=1`` → the plan's fields.
+
+    Micro-batches default to 2·pp (1F1B fills its pipeline) and 2 without a pipeline.
+    """
+    key = text.strip().lower()
+    plan = {"dp": 1, "tp": 1, "pp": 1}
+    if key in PLAN_ALIASES:
+        plan.update(PLAN_ALIASES[key])
+    else:
+        try:
+            for part in key.split(","):
+                name, value = part.split("=")
+                if name.strip() not in ("dp", "tp", "pp"):
+                    raise ValueError(name)
+                plan[name.strip()] = int(value)
+        except ValueError:
+            raise TraceError(f"plan {text!r}: expected dp2, pp2, tp2 or dp=N,tp=N,pp=N") \
+                from None
+    if min(plan.values()) < 1 or micro_batch_size < 1:
+        raise TraceError(f"plan {text!r}: degrees and micro-batch size must be >= 1")
+    plan["micro_batch_size"] = micro_batch_size
+    plan["num_micro_batches"] = num_micro_batches or 2 * plan["pp"]
+    return plan
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredTrace:
+    """One measured training run (module docstring)."""
+
+    model: str
+    """Validation or zoo model name."""
+    plan: dict[str, int] = field(hash=False)
+    """dp, tp, pp, micro_batch_size, num_micro_batches (schedule 1F1B, fp32)."""
+    iteration_times_s: tuple[float, ...]
+    """Per measured iteration, the slowest rank's wall time."""
+    ranks: tuple[dict[str, Any], ...] = ()
+    """Per rank: rank, stage, replica, tp_index, compute_s, dp_sync_s, optimizer_s (medians),
+    state_bytes, peak_allocated_bytes, peak_memory_bytes, kind_s (per op kind, profiled)."""
+    events: tuple[dict[str, Any], ...] = ()
+    """Op spans of the profiled iteration: rank, name, kind, ts_us (from its start), dur_us."""
+    machine: dict[str, Any] = field(default_factory=dict, hash=False)
+    """Where and how it was recorded (CPU, cores, torch, threads, command, load)."""
+
+    def __post_init__(self) -> None:
+        missing = [k for k in PLAN_FIELDS if k not in self.plan]
+        if missing:
+            raise TraceError(f"trace: plan misses field(s) {', '.join(missing)}")
+        if not self.iteration_times_s or min(self.iteration_times_s) <= 0:
+            raise TraceError("trace: iteration_times_s must be a non-empty list of times > 0")
+
+    @property
+    def iteration_time_s(self) -> float:
+        """Median measured iteration time."""
+        return statistics.median(self.iteration_times_s)
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        """Largest per-rank peak memory."""
+        return max((float(r.get("peak_memory_bytes", 0.0)) for r in self.ranks), default=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return {"format": FORMAT, "version": VERSION, "model": self.model, "plan": self.plan,
+                "machine": self.machine, "iteration_times_s": list(self.iteration_times_s),
+                "ranks": list(self.ranks), "events": list(self.events)}
+
+    def save(self, path: str | Path, *, force: bool = False) -> None:
+        """Write the JSON trace; refuses to overwrite without `force`."""
+        path = Path(path)
+        if path.exists() and not force:
+            raise TraceError(f"{path} exists; pass --force to overwrite it")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n",
+                        encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "trace") -> MeasuredTrace:
+        """Parse the JSON form; a Kineto trace or anything else is a TraceError."""
+        from trainsim.validate.trace_import import is_kineto
+
+        if is_kineto(data):
+            raise TraceError(f"{where}: a plain Kineto/Chrome trace has no model or plan; "
+                             f"convert it with: sim trace --import {where} --model M --plan P")
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise TraceError(f"{where}: not a trainsim trace (field format must be {FORMAT!r})")
+        if data.get("version") != VERSION:
+            raise TraceError(f"{where}: trace version {data.get('version')!r} is not {VERSION}")
+        try:
+            return cls(model=str(data["model"]), plan={k: int(v) for k, v in
+                                                       dict(data["plan"]).items()},
+                       iteration_times_s=tuple(float(t) for t in data["iteration_times_s"]),
+                       ranks=tuple(data.get("ranks", ())), events=tuple(data.get("events", ())),
+                       machine=dict(data.get("machine", {})))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TraceError(f"{where}: malformed trace ({type(exc).__name__}: {exc})") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> MeasuredTrace:
+        """Read a trainsim trace file."""
+        from trainsim.validate.trace_import import read_json
+
+        return cls.from_dict(read_json(path), str(path))
+
+
+def _load_average() -> float | None:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def record_trace(model: str, plan: dict[str, int], *, iterations: int = 10, warmup: int = 3,
+                 command: str = "") -> MeasuredTrace:
+    """Run `plan` for real (validate/torch_parallel.py) and fold the ranks into a trace."""
+    import tempfile
+
+    from trainsim.validate.profiler import machine_metadata
+    from trainsim.validate.small_models import get_validation_model
+    from trainsim.validate.torch_parallel import WORKER_THREADS, run_parallel
+    from trainsim.validate.trace_import import load_kineto
+
+    if iterations < 1 or warmup < 0:
+        raise TraceError(f"sim trace: iterations={iterations} must be >= 1, warmup={warmup} >= 0")
+    spec = get_validation_model(model)
+    world = plan["dp"] * plan["tp"] * plan["pp"]
+    load_before = _load_average()
+    with tempfile.TemporaryDirectory(prefix="trainsim-trace-") as tmp:
+        recs = run_parallel(spec.name, dp=plan["dp"], tp=plan["tp"], pp=plan["pp"],
+                            micro_batch_size=plan["micro_batch_size"],
+                            num_micro_batches=plan["num_micro_batches"], iterations=iterations,
+                            warmup=warmup, out_dir=tmp)
+        ranks, events = [], []
+        for rec in recs:
+            kin = load_kineto(Path(tmp, rec["kineto"]))
+            t0 = min((e["ts_us"] for e in kin["events"]), default=0.0)
+            for e in kin["events"]:
+                if e["kind"] in ("other",):
+                    continue
+                events.append({"rank": rec["rank"], "name": e["name"], "kind": e["kind"],
+                               "ts_us": round(e["ts_us"] - t0, 1), "dur_us": round(e["dur_us"], 1)})
+            med = {k: statistics.median(p[k] for p in rec["parts"])
+                   for k in ("compute_s", "dp_sync_s", "optimizer_s")}
+            ranks.append({"rank": rec["rank"], "stage": rec["stage"], "replica": rec["replica"],
+                          "tp_index": rec["tp_index"], **med,
+                          "iteration_times_s": rec["iteration_times_s"],
+                          "state_bytes": rec["state_bytes"],
+                          "peak_allocated_bytes": kin["peak_allocated_bytes"],
+                          "peak_memory_bytes": rec["state_bytes"] + kin["peak_allocated_bytes"],
+                          "kind_s": {k: round(v, 7) for k, v in kin["kind_s"].items()}})
+    per_iter = [max(r["iteration_times_s"][i] for r in ranks) for i in range(iterations)]
+    machine = machine_metadata(world, WORKER_THREADS)
+    machine.update({"load_average_before": load_before, "load_average_after": _load_average(),
+                    "warmup": warmup, "iterations": iterations, "command": command,
+                    "memory_method": "state tensors + peak of torch.profiler Total Allocated "
+                                     "over one iteration (see validate/trace_record.py)"})
+    return MeasuredTrace(model=spec.name, plan=dict(plan), iteration_times_s=tuple(per_iter),
+                         ranks=tuple(ranks), events=tuple(events), machine=machine)
+
+
+def import_kineto(path: str | Path, model: str, plan: dict[str, int],
+                  iterations: int = 1) -> MeasuredTrace:
+    """A trace from a plain Kineto/torch.profiler Chrome trace recorded elsewhere.
+
+    Each pid in the file is taken as one rank; the iteration time is the trace's span divided
+    by `iterations` (the profiled steps); peak memory is the peak of Total Allocated (the
+    file has no parameter bytes).
+    """
+    from trainsim.validate.small_models import get_validation_model
+    from trainsim.validate.trace_import import load_kineto
+
+    spec = get_validation_model(model)
+    kin = load_kineto(path)
+    pids = sorted({e["pid"] for e in kin["events"]})
+    ranks, events = [], []
+    t0 = min(e["ts_us"] for e in kin["events"]) if kin["events"] else 0.0
+    for r, pid in enumerate(pids):
+        mine = [e for e in kin["events"] if e["pid"] == pid]
+        kinds: dict[str, float] = {}
+        for e in mine:
+            kinds[e["kind"]] = kinds.get(e["kind"], 0.0) + e["dur_us"] * 1e-6
+            events.append({"rank": r, "name": e["name"], "kind": e["kind"],
+                           "ts_us": round(e["ts_us"] - t0, 1), "dur_us": round(e["dur_us"], 1)})
+        ranks.append({"rank": r, "stage": 0, "replica": r, "tp_index": 0,
+                      "compute_s": sum(kinds.values()) / iterations,
+                      "peak_allocated_bytes": kin["peak_allocated_bytes"],
+                      "peak_memory_bytes": kin["peak_allocated_bytes"],
+                      "kind_s": {k: v / iterations for k, v in sorted(kinds.items())}})
+    return MeasuredTrace(model=spec.name, plan=dict(plan),
+                         iteration_times_s=(kin["span_s"] / max(iterations, 1),),
+                         ranks=tuple(ranks), events=tuple(events),
+                         machine={"source": f"imported Kineto trace {Path(path).name}"})
