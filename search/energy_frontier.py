@@ -43,6 +43,8 @@ DEFAULT_UNIT_S: float = 1e-3
 
 _INF = 1e30
 _EPS = 1e-9
+#: Guard of ⌊t/u⌋ against binary rounding (0.003 / 0.001 = 2.9999999999999996).
+_QEPS = 1e-9
 
 
 @njit(cache=True)
@@ -265,7 +267,7 @@ def _evaluate_rows(rows, blk, tab_ptr, qmin, opt_tab, opt_ptr, opt_time, opt_ene
             o = opt_tab[tab_ptr[b] + rows[r, i] - qmin[b]]
             opts[r, i] = o
             t[i] = opt_time[opt_ptr[b] + o]
-            qt[i] = np.floor(t[i] / unit_s) * unit_s
+            qt[i] = np.floor(t[i] / unit_s + _QEPS) * unit_s
             e_sum += opt_energy[opt_ptr[b] + o]
             t_sum += t[i]
             qt_sum += qt[i]
@@ -347,7 +349,7 @@ def block_hull(time_s: np.ndarray, energy_j: np.ndarray, p_block_w: float,
     closest to the quantised value); the hull is cut at its cheapest point, or earlier where a
     segment saves less than `min_saving_w` joules per second of slowdown.
     """
-    q = np.floor(time_s / unit_s).astype(np.int64)
+    q = np.floor(time_s / unit_s + _QEPS).astype(np.int64)
     c = energy_j - p_block_w * time_s
     best: dict[int, int] = {}
     for k in np.argsort(time_s, kind="stable"):
@@ -516,7 +518,7 @@ def make_point(dag: InstructionDag, freq: np.ndarray, t: np.ndarray, e: np.ndarr
     """A FrontierPoint from per-node clocks, times and energies (module formula)."""
     p_block, n_st = dag.profile.blocking_power_w, dag.num_stages
     time_s = float(finish_times_kernel(t, dag.pred_ptr, dag.pred_idx).max())
-    qt = np.floor(t / unit_s) * unit_s
+    qt = np.floor(t / unit_s + _QEPS) * unit_s
     qtime = float(finish_times_kernel(qt, dag.pred_ptr, dag.pred_idx).max())
     return FrontierPoint(
         time_s=time_s, energy_j=float(e.sum() + p_block * (n_st * time_s - t.sum())),
@@ -574,7 +576,7 @@ class Frontier:
 
 def pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
     """Points not dominated in (time_s, energy_j), slowest first (ties keep the first)."""
-    ordered = sorted(points, key=lambda p: (p.time_s, p.energy_j))
+    ordered = sorted(points, key=lambda p: (round(p.time_s, 12), p.energy_j))
     kept: list[FrontierPoint] = []
     best = float("inf")
     for p in ordered:

@@ -6,6 +6,7 @@ file) or the objects themselves, so notebooks and the CLI share one path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainsim.errors import TrainsimError, unknown_name
@@ -64,12 +65,16 @@ def simulate(model: str | ModelSpec, cluster: str | Cluster, plan: ParallelPlan 
     return run_program(program, engine=engine)
 
 
-def run_program(program: Any, *, engine: str = "numba") -> SimResult:
-    """Run a lowered Program on the named engine ("numba" by default, or "simpy")."""
+def run_program(program: Any, *, engine: str = "numba",
+                on_progress: Callable[[int, int], None] | None = None) -> SimResult:
+    """Run a lowered Program on the named engine ("numba" by default, or "simpy").
+
+    `on_progress(tasks_done, total)` is called now and then, for progress bars.
+    """
     if engine == "numba":
         from trainsim.simulator.engine_numba import run_numba
-        return run_numba(program)
+        return run_numba(program, on_progress=on_progress)
     if engine == "simpy":
         from trainsim.simulator.engine_simpy import run_simpy
-        return run_simpy(program)
+        return run_simpy(program, on_progress=on_progress)
     raise TrainsimError(str(unknown_name("engine", engine, ENGINES)))

@@ -78,7 +78,7 @@ def simulate_command(
     """Simulate one training iteration and report time, throughput, memory and energy."""
     from rich.console import Console
 
-    from trainsim.simulator.simulate import resolve_cluster, resolve_model, run_program
+    from trainsim.simulator.simulate import resolve_cluster, resolve_model
     from trainsim.workloads.lowering import LoweringOptions, lower
     from trainsim.workloads.plan import ParallelPlan
 
@@ -109,8 +109,7 @@ def simulate_command(
     plan = ParallelPlan.build(spec, hw, **fields)
     with console.status(f"lowering {spec.name} on {hw.num_gpus} GPUs..."):
         program = lower(spec, hw, plan, LoweringOptions(fold=not unfold))
-    with console.status(f"simulating {program.num_tasks} tasks with {engine}..."):
-        result = run_program(program, engine=engine)
+    result = _run_with_progress(program, engine, console)
     if save_plan:
         plan.save(save_plan, force=force)
     if timeline:
@@ -126,6 +125,21 @@ def simulate_command(
         typer.echo(json.dumps(out, indent=2, allow_nan=False))
         return
     _render(result, spec.name, cluster, plan, timeline, trace)
+
+
+def _run_with_progress(program: Any, engine: str, console: Any) -> Any:
+    """Run the program, with a progress bar on stderr when it is big enough to wait for."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trainsim.simulator.simulate import run_program
+
+    if program.num_tasks < 50_000 or console.quiet:
+        return run_program(program, engine=engine)
+    with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,}/"
+                  "{task.total:,} tasks"), TimeElapsedColumn(), console=console) as bar:
+        job = bar.add_task("simulate", total=program.num_tasks)
+        return run_program(program, engine=engine,
+                           on_progress=lambda done, total: bar.update(job, completed=done))
 
 
 def _render(result: Any, model: str, cluster: str, plan: Any, timeline: Path | None,
@@ -158,10 +172,17 @@ def _render(result: Any, model: str, cluster: str, plan: Any, timeline: Path | N
     ranks = Table(title="per rank")
     for col in ("rank", "GPUs", "busy s", "bubble %", "peak GiB", "energy kJ", "OOM"):
         ranks.add_column(col, justify="right")
-    for r in result.ranks:
-        ranks.add_row(str(r.rank), str(len(r.represents)), f"{r.busy_s:.3f}",
-                      f"{100 * r.bubble_fraction:.1f}", f"{r.peak_memory_bytes / 2**30:.2f}",
-                      f"{r.energy_j / 1e3:.3g}", "yes" if r.oom else "")
+    rows: list[tuple[int, int, tuple[str, ...]]] = []
+    for r in result.ranks:  # consecutive identical ranks share one row ("0-63")
+        cells = (str(len(r.represents)), f"{r.busy_s:.3f}", f"{100 * r.bubble_fraction:.1f}",
+                 f"{r.peak_memory_bytes / 2**30:.2f}", f"{r.energy_j / 1e3:.3g}",
+                 "yes" if r.oom else "")
+        if rows and rows[-1][2] == cells and rows[-1][1] == r.rank - 1:
+            rows[-1] = (rows[-1][0], r.rank, cells)
+        else:
+            rows.append((r.rank, r.rank, cells))
+    for first, last, cells in rows:
+        ranks.add_row(str(first) if first == last else f"{first}-{last}", *cells)
     console.print(ranks)
     for path, what in ((timeline, "timeline"), (trace, "Chrome trace")):
         if path:

@@ -208,6 +208,8 @@ class _Lowering:
         return self.stage_to_rank[vstage]
 
     def freq(self, vstage: int, action: Action | None) -> float | None:
+        if not self.plan.instruction_freq_mhz:  # skip formatting the action: a hot path
+            return self.plan.frequency_of(self.phys_stage(vstage), None)
         return self.plan.frequency_of(self.phys_stage(vstage), str(action) if action else None)
 
     @functools.cache  # noqa: B019 - one lowering object per call
@@ -467,6 +469,13 @@ class _Lowering:
         return ids
 
     def boundary_bytes(self, k: int, j: int) -> float:
+        key = (k, self._mb_key(j))
+        cache = self.__dict__.setdefault("_boundary_cache", {})
+        if key not in cache:
+            cache[key] = self._boundary_bytes(k, j)
+        return cache[key]
+
+    def _boundary_bytes(self, k: int, j: int) -> float:
         """Bytes crossing the boundary after virtual stage `k` for micro-batch `j` (per GPU):
         the last layer's output, plus the encoder output when layers after the boundary
         still read it (T5 cross attention; Megatron-LM sends both through its pipeline)."""

@@ -48,6 +48,7 @@ class CommLowering:
         """Bandwidth of every (possibly virtual ``l/n``) link a task crosses."""
         self._phase_cache: dict[tuple[str, tuple[int, ...], float], tuple[CommPhase, ...]] = {}
         self._load_cache: dict[tuple, dict[str, int]] = {}
+        self._template_cache: dict[tuple, list[tuple[float, float, tuple[str, ...]]]] = {}
 
     def phases(self, kind: str, group: tuple[int, ...], size: float) -> tuple[CommPhase, ...]:
         """The planned phases of one collective on physical ranks `group` (cached)."""
@@ -82,15 +83,29 @@ class CommLowering:
         (several when folded, else just the one). Returns [] when nothing moves (a group of one
         rank, or no needs).
         """
-        group = copies[0]
-        if len(group) < 2 or not needs:
-            return []
-        phases = [ph for k, size in needs if size > 0 for ph in self.phases(k, group, size)]
-        if not phases:
-            return []
-        load = self.link_load(needs, copies) if len(copies) > 1 else {}
         ids: list[int] = []
         prev = list(deps)
+        for latency_s, nbytes, links in self._template(tuple(needs), tuple(copies)):
+            tid = self.add_task({"name": name, "kind": kind, "ranks": prog_ranks,
+                                 "stream": stream, "duration_s": latency_s,
+                                 "comm_bytes": nbytes, "links": links, "deps": prev, **meta})
+            prev = [tid]
+            ids.append(tid)
+        return ids
+
+    def _template(self, needs: tuple[Need, ...], copies: tuple[tuple[int, ...], ...]
+                  ) -> list[tuple[float, float, tuple[str, ...]]]:
+        """(latency, bytes per link, link ids) of each task `tasks` creates, cached: lowering
+        asks for the same collective on the same groups once per micro-batch."""
+        key = (needs, copies)
+        cached = self._template_cache.get(key)
+        if cached is not None:
+            return cached
+        out: list[tuple[float, float, tuple[str, ...]]] = []
+        group = copies[0]
+        phases = [ph for k, size in needs if size > 0 for ph in self.phases(k, group, size)] \
+            if len(group) >= 2 else []
+        load = self.link_load(needs, copies) if len(copies) > 1 and phases else {}
         for merged in merge_phases(phases):
             links: list[str] = []
             for link in merged.links if merged.bytes_per_link > 0 else ():
@@ -98,13 +113,9 @@ class CommLowering:
                 lid = link if n <= 1 else f"{link}/{n}"
                 self.links.setdefault(lid, self.cluster.link(link).bandwidth_bytes_per_s / n)
                 links.append(lid)
-            tid = self.add_task({"name": name, "kind": kind, "ranks": prog_ranks,
-                                 "stream": stream, "duration_s": merged.latency_s,
-                                 "comm_bytes": merged.bytes_per_link if links else 0.0,
-                                 "links": tuple(links), "deps": prev, **meta})
-            prev = [tid]
-            ids.append(tid)
-        return ids
+            out.append((merged.latency_s, merged.bytes_per_link if links else 0.0, tuple(links)))
+        self._template_cache[key] = out
+        return out
 
 
 def merge_phases(phases: Sequence[CommPhase]) -> list[CommPhase]:
