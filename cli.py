@@ -15,6 +15,7 @@ import typer
 from trainsim.errors import TrainsimError
 from trainsim.hwmodels.hw_commands import app as hw_app
 from trainsim.search.energy_commands import app as energy_app
+from trainsim.search.search_commands import search_command
 from trainsim.simulator.simulate_command import simulate_command
 from trainsim.validate.commands import register as register_validation
 from trainsim.workloads.models_commands import app as models_app
@@ -30,6 +31,7 @@ app.add_typer(hw_app, name="hw")
 app.add_typer(models_app, name="models")
 app.command("simulate")(simulate_command)
 app.add_typer(energy_app, name="energy")
+app.command("search")(search_command)
 register_validation(app)
 
 

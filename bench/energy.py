@@ -13,6 +13,7 @@ Perseus paper. Usage: ``python bench/energy.py [--json] [--all] [--lowtime-budge
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -61,7 +62,7 @@ def run_lowtime(csv_path: Path, m: int, p_block_w: float, budget_s: float,
             key[(type(inst).__name__, s, inst.micro_batch_id)] = nid
             ids.append(nid)
             nid += 1
-        dag.add_edges_from(zip(ids, ids[1:]))
+        dag.add_edges_from(itertools.pairwise(ids))
     for s in range(p - 1):
         for j in range(m):
             dag.add_edge(key[("Forward", s, j)], key[("Forward", s + 1, j)])
@@ -148,8 +149,9 @@ def main(argv: list[str] | None = None) -> None:
         import lowtime  # noqa: F401
         with_lowtime, note = True, "lowtime 0.3.0 run side by side"
     except ImportError:
-        with_lowtime, note = False, "lowtime not installed (pip install lowtime==0.3.0): " \
-                                    "speedup_vs_lowtime is null"
+        with_lowtime = False
+        note = ("lowtime not installed (pip install lowtime==0.3.0): "
+                "speedup_vs_lowtime is null")
     models = ["gpt3-175b", "bloom"] if args.all else ["gpt3-175b"]
     _warm_up()
     cases = [bench_case(model, m, args.lowtime_budget_s, with_lowtime)

@@ -37,23 +37,21 @@ _TOL_S = 1e-9
 
 
 @njit(cache=True)
-def _slack_kernel(t, pred_ptr, pred_idx):  # noqa: ANN001, ANN202
+def _slack_kernel(t, pred_ptr, pred_idx):
     """Total float of every node for durations t (0 on the critical path)."""
     n = len(t)
     ef = np.zeros(n)
     for i in range(n):
         st = 0.0
         for k in range(pred_ptr[i], pred_ptr[i + 1]):
-            if ef[pred_idx[k]] > st:
-                st = ef[pred_idx[k]]
+            st = max(st, ef[pred_idx[k]])
         ef[i] = st + t[i]
     makespan = ef.max() if n else 0.0
     lf = np.full(n, makespan)
     for i in range(n - 1, -1, -1):
         ls = lf[i] - t[i]
         for k in range(pred_ptr[i], pred_ptr[i + 1]):
-            if ls < lf[pred_idx[k]]:
-                lf[pred_idx[k]] = ls
+            lf[pred_idx[k]] = min(lf[pred_idx[k]], ls)
     return lf - ef
 
 

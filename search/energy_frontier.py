@@ -28,6 +28,7 @@ frontier we report is what the engine replays. Steps are yielded one by one (`fr
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,21 +49,20 @@ _QEPS = 1e-9
 
 
 @njit(cache=True)
-def finish_times_kernel(durations, pred_ptr, pred_idx):  # noqa: ANN001, ANN201
+def finish_times_kernel(durations, pred_ptr, pred_idx):
     """Earliest finish of every node of a topologically ordered DAG."""
     n = len(durations)
     out = np.zeros(n)
     for i in range(n):
         start = 0.0
         for k in range(pred_ptr[i], pred_ptr[i + 1]):
-            if out[pred_idx[k]] > start:
-                start = out[pred_idx[k]]
+            start = max(start, out[pred_idx[k]])
         out[i] = start + durations[i]
     return out
 
 
 @njit(cache=True)
-def _add_arc(u, v, cap, first, nxt, to, frm, res, m):  # noqa: ANN001, ANN202
+def _add_arc(u, v, cap, first, nxt, to, frm, res, m):
     to[m] = v
     frm[m] = u
     res[m] = cap
@@ -77,7 +77,7 @@ def _add_arc(u, v, cap, first, nxt, to, frm, res, m):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True)
-def _dinic(nv, s, t, first, nxt, to, frm, res, level, it, queue, path):  # noqa: ANN001, ANN202
+def _dinic(nv, s, t, first, nxt, to, frm, res, level, it, queue, path):
     """Max flow s→t on the residual arrays (modified in place); stops early past _INF/2."""
     flow = 0.0
     while True:
@@ -106,8 +106,7 @@ def _dinic(nv, s, t, first, nxt, to, frm, res, level, it, queue, path):  # noqa:
             if u == t:
                 push = _INF * 10.0
                 for k in range(top):
-                    if res[path[k]] < push:
-                        push = res[path[k]]
+                    push = min(push, res[path[k]])
                 for k in range(top):
                     res[path[k]] -= push
                     res[path[k] ^ 1] += push
@@ -140,7 +139,7 @@ def _dinic(nv, s, t, first, nxt, to, frm, res, level, it, queue, path):  # noqa:
 
 @njit(cache=True)
 def _pd_step(d, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr, pred_idx, succ_ptr, succ_idx,
-             es, ls, first, nxt, to, frm, res, level, it, queue, path):  # noqa: ANN001, ANN202
+             es, ls, first, nxt, to, frm, res, level, it, queue, path):
     """One Phillips–Dessouky step on integer durations `d` (in place).
 
     Returns (status, cost_change): status 0 = makespan reduced by one unit, 1 = no finite cut
@@ -152,16 +151,13 @@ def _pd_step(d, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr, pred_idx, succ_ptr
         st = 0
         for k in range(pred_ptr[i], pred_ptr[i + 1]):
             p = pred_idx[k]
-            if es[p] + d[p] > st:
-                st = es[p] + d[p]
+            st = max(st, es[p] + d[p])
         es[i] = st
-        if st + d[i] > makespan:
-            makespan = st + d[i]
+        makespan = max(makespan, st + d[i])
     for i in range(n - 1, -1, -1):
         lf = makespan
         for k in range(succ_ptr[i], succ_ptr[i + 1]):
-            if ls[succ_idx[k]] < lf:
-                lf = ls[succ_idx[k]]
+            lf = min(lf, ls[succ_idx[k]])
         ls[i] = lf - d[i]
     nv = 2 * n + 2
     s_node, t_node = 2 * n, 2 * n + 1
@@ -177,8 +173,7 @@ def _pd_step(d, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr, pred_idx, succ_ptr
         c_here = cost_tab[base + d[i]]
         f = _INF if d[i] <= qmin[b] else cost_tab[base + d[i] - 1] - c_here
         g = 0.0 if d[i] >= qmax[b] else c_here - cost_tab[base + d[i] + 1]
-        if g < 0.0:
-            g = 0.0
+        g = max(g, 0.0)
         cap = _INF if f >= _INF else max(f - g, 0.0)
         m = _add_arc(2 * i, 2 * i + 1, cap, first, nxt, to, frm, res, m)
         if d[i] >= qmax[b]:
@@ -232,7 +227,7 @@ def _pd_step(d, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr, pred_idx, succ_ptr
 @njit(cache=True)
 def _pd_run(d, max_steps, out, changes, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr, pred_idx,
             succ_ptr, succ_idx, es, ls, first, nxt, to, frm, res, level, it, queue,
-            path):  # noqa: ANN001, ANN202
+            path):
     """Up to `max_steps` steps; row k of `out` gets the durations after step k. Returns the
     number of steps done and whether the fastest makespan was reached."""
     for k in range(max_steps):
@@ -249,7 +244,7 @@ def _pd_run(d, max_steps, out, changes, blk, qmin, qmax, tab_ptr, cost_tab, pred
 @njit(cache=True)
 def _evaluate_rows(rows, blk, tab_ptr, qmin, opt_tab, opt_ptr, opt_time, opt_energy,
                    pred_ptr, pred_idx, p_block, num_stages, unit_s, times, energies, qtimes,
-                   qenergies, opts, cost_tab, mtimes, menergies):  # noqa: ANN001, ANN202
+                   qenergies, opts, cost_tab, mtimes, menergies):
     """Exact and Lowtime-convention time/energy of each row of durations (and its options)."""
     dq = np.empty(rows.shape[1])
     n = rows.shape[1]
@@ -284,7 +279,7 @@ def _evaluate_rows(rows, blk, tab_ptr, qmin, opt_tab, opt_ptr, opt_time, opt_ene
 
 @njit(cache=True)
 def _polish_kernel(freq, blk, opt_ptr, opt_freq, opt_time, opt_energy, pred_ptr, pred_idx,
-                   succ_ptr, succ_idx, p_block):  # noqa: ANN001, ANN202
+                   succ_ptr, succ_idx, p_block):
     """Slow every instruction into its slack without lengthening the iteration.
 
     Reverse topological sweep: node i may take any option no faster than its current one that
@@ -310,8 +305,7 @@ def _polish_kernel(freq, blk, opt_ptr, opt_freq, opt_time, opt_energy, pred_ptr,
     for i in range(n - 1, -1, -1):
         lf = makespan
         for k in range(succ_ptr[i], succ_ptr[i + 1]):
-            if ls[succ_idx[k]] < lf:
-                lf = ls[succ_idx[k]]
+            lf = min(lf, ls[succ_idx[k]])
         window = lf - (ef[i] - t[i])
         best = cur[i]
         best_c = opt_energy[best] - p_block * opt_time[best]
@@ -375,7 +369,7 @@ def block_hull(time_s: np.ndarray, energy_j: np.ndarray, p_block_w: float,
     qmin, qmax = hull[0][0], hull[-1][0]
     cost = np.empty(qmax - qmin + 1)
     option = np.empty(qmax - qmin + 1, dtype=np.int64)
-    for (x1, y1, k1), (x2, y2, _) in zip(hull, hull[1:]):
+    for (x1, y1, k1), (x2, y2, _) in itertools.pairwise(hull):
         for x in range(x1, x2):
             cost[x - qmin] = y1 + (y2 - y1) * (x - x1) / (x2 - x1)
             option[x - qmin] = k1
@@ -500,7 +494,7 @@ class _Compiled:
 
 
 @njit(cache=True)
-def _lookup(freq, blk, opt_ptr, opt_freq, opt_time, opt_energy):  # noqa: ANN001, ANN202
+def _lookup(freq, blk, opt_ptr, opt_freq, opt_time, opt_energy):
     n = len(freq)
     t = np.empty(n)
     e = np.empty(n)

@@ -106,7 +106,7 @@ class ProfileDB:
         """The file's text: header line and CSV rows (stable order, repr-exact floats)."""
         frame = self.to_frame().sort_values(["pass", "kind", "group_size", "size_bytes", "flops",
                                              "shape"], kind="stable")
-        body = frame.to_csv(index=False, lineterminator="\n", float_format="%.9g")
+        body = frame.to_csv(index=False, lineterminator="\n")
         return HEADER + json.dumps(self.meta, sort_keys=True) + "\n" + body
 
     def save(self, path: str | Path, *, force: bool = False) -> None:

@@ -71,6 +71,10 @@ class LoweringOptions:
     """Collective algorithm (auto picks the fastest alone per collective)."""
     cost_model: Any = None
     """Op cost model; the roofline (hwmodels/opcost.py) when None."""
+    tp_communication: bool = True
+    """Emit the tensor-parallel collectives. False when the cost model's op times already
+    include them (Aceso's profiles measure each op with its all-reduce, search/aceso_profile.py),
+    so they are not counted twice."""
 
 
 @dataclass(slots=True)
@@ -143,19 +147,24 @@ class _Lowering:
         """Physical ranks of each pipeline stage, laid out [dp replica][tp index] (Megatron:
         tp innermost, then dp, then pp), filling node groups in order or as `placement` says."""
         plan, cluster = self.plan, self.cluster
-        per_stage = plan.dp * plan.tp
         if plan.placement is None:
-            return [list(range(s * per_stage, (s + 1) * per_stage)) for s in range(plan.pp)]
+            out, first = [], 0
+            for s in range(plan.pp):
+                n = plan.gpus_of_stage(s)
+                out.append(list(range(first, first + n)))
+                first += n
+            return out
         starts, offset = [], 0
         for group in cluster.node_groups:
             starts.append(offset)
             offset += group.num_gpus
         used = [0] * len(starts)
         out = []
-        for g in plan.placement:
+        for s, g in enumerate(plan.placement):
+            n = plan.gpus_of_stage(s)
             first = starts[g] + used[g]
-            out.append(list(range(first, first + per_stage)))
-            used[g] += per_stage
+            out.append(list(range(first, first + n)))
+            used[g] += n
         return out
 
     def _schedule(self) -> dict[int, list[Action]]:
@@ -212,14 +221,22 @@ class _Lowering:
             return self.plan.frequency_of(self.phys_stage(vstage), None)
         return self.plan.frequency_of(self.phys_stage(vstage), str(action) if action else None)
 
+    def stage_graph(self, phys: int, mb_key: tuple[int, int]) -> ModelGraph:
+        """The graph one replica of physical stage `phys` runs for micro-batch shape `mb_key`
+        (with `stage_gpus`, the micro-batch split over the stage's data-parallel replicas)."""
+        b = self.plan.replica_batch(phys, mb_key[0])
+        if b == mb_key[0]:
+            return self.graphs[mb_key]
+        return self.graph(MicroBatch(batch_size=b, seq_len=mb_key[1]))
+
     @functools.cache  # noqa: B019 - one lowering object per call
     def costs(self, vstage: int, mb_key: tuple[int, int], freq: float | None) -> InstructionCosts:
         s = self.phys_stage(vstage)
-        graph = self.graphs[mb_key]
+        graph = self.stage_graph(s, mb_key)
         layers = [graph.layers[i] for i in self.stage_layers[vstage]]
         gpu = self.cluster.gpu(self.stage_gpu_ranks[s][0])
         return instruction_costs(layers, tp=self.plan.tp_of_stage(s), sp=self.plan.sp,
-                                 ep=self.plan.ep, recompute=self.plan.recompute,
+                                 ep=self.plan.ep, recompute=self.plan.recompute_of_stage(s),
                                  cost_model=self.cost_model, gpu=gpu, freq_mhz=freq,
                                  dtype=self.plan.dtype)
 
@@ -281,7 +298,8 @@ class _Lowering:
         """The tensor-parallel collectives of one instruction, right after its compute
         (Megatron runs them synchronously between GEMMs, so their sum after the compute takes
         the same total time); returns what the next step waits for."""
-        if not needs or len(group) < 2 or not self.opt.communication:
+        if not needs or len(group) < 2 or not self.opt.communication \
+                or not self.opt.tp_communication:
             return deps
         pairs = [(n.collective, n.size_bytes) for n in needs]
         copies = self.tp_groups(s) if self.fold else [group]
@@ -505,7 +523,7 @@ class _Lowering:
         if src_s == dst_s or not self.opt.communication or size <= 0:
             self.recv.setdefault((dst, direction, j, u), []).extend(after)
             return
-        pairs = list(zip(self.stage_gpu_ranks[src_s], self.stage_gpu_ranks[dst_s]))
+        pairs, size = self._p2p_pairs(src_s, dst_s, size, j)
         stream = f"pp{src_s}>{dst_s}"
         label = f"s{k}>{dst}.{direction}{j}"
         if self.fold:
@@ -522,6 +540,28 @@ class _Lowering:
                                       deps=after, meta=meta)
                 self.recv.setdefault((dst, direction, j, dst_unit[dst_r]), []).extend(
                     ids[-1:] or after)
+
+    def _p2p_pairs(self, src_s: int, dst_s: int, size: float, j: int
+                   ) -> tuple[list[tuple[int, int]], float]:
+        """(src, dst) GPU pairs of a stage-boundary transfer and the bytes of each.
+
+        Equal stages pair GPU i with GPU i (Megatron). Stages of different sizes (`stage_gpus`)
+        pair the n = max(|src|, |dst|) slots round-robin; each pair carries the smaller of
+        what a source GPU holds and what a destination GPU needs, per slot: `size` (one source
+        GPU's boundary tensor) × |src| / n, and the same tensor at the destination's replica
+        batch × |dst| / n. This reshards data-parallel splits exactly (1 GPU → 4 GPUs sends four
+        quarters) and counts a tensor-parallel group's replicated activations once per GPU.
+        """
+        src, dst = self.stage_gpu_ranks[src_s], self.stage_gpu_ranks[dst_s]
+        if len(src) == len(dst) and self.plan.stage_gpus is None:
+            return list(zip(src, dst)), size
+        n = max(len(src), len(dst))
+        pairs = [(src[i * len(src) // n], dst[i * len(dst) // n]) for i in range(n)]
+        b = self.micro_batches[j].batch_size
+        src_b = self.plan.replica_batch(src_s, b)
+        dst_b = self.plan.replica_batch(dst_s, b)
+        per_pair = min(size * len(src) / n, size * dst_b / src_b * len(dst) / n)
+        return pairs, per_pair
 
     def _mb_key(self, j: int) -> tuple[int, int]:
         mb = self.micro_batches[j]

@@ -89,6 +89,14 @@ class ParallelPlan:
     """Transformer layers per (virtual) stage, first to last; uniform when None."""
     stage_tp: tuple[int, ...] | None = None
     """Per-stage tensor-parallel degree (each stage keeps dp·tp GPUs; its dp is dp·tp/stage_tp)."""
+    stage_gpus: tuple[int, ...] | None = None
+    """GPUs of each physical stage (Aceso-style plans: stages of 1/2/4/8 GPUs, each with its own
+    tp and dp). When set, `dp` must be 1, stage s runs tp = `tp_of_stage(s)` and
+    dp = stage_gpus[s] / tp, and `micro_batch_size` is the whole pipeline micro-batch, split
+    over each stage's data-parallel replicas (micro_batch_size / dp_s samples per replica)."""
+    stage_recompute: tuple[str | tuple[str, ...], ...] | None = None
+    """Per-physical-stage recompute policy (overrides `recompute`): none, selective, full or a
+    tuple of op names, one entry per stage (Aceso's per-stage, per-op recompute)."""
     op_tp: tuple[tuple[str, int], ...] = ()
     """Per-op tensor-parallel overrides: (op name, degree dividing the stage's GPUs)."""
     schedule: str = "1f1b"
@@ -146,6 +154,7 @@ class ParallelPlan:
                 raise PlanError(f"plan.order has {len(order)} rank lists but plan.pp={self.pp}")
             object.__setattr__(self, "order", order)
         self._check_frequencies()
+        self._check_stage_fields()
         object.__setattr__(self, "op_tp", tuple((str(k), int(v)) for k, v in
                                                 (dict(self.op_tp).items())))
         for op_name, degree in self.op_tp:
@@ -216,6 +225,48 @@ class ParallelPlan:
             if f <= 0:
                 raise PlanError(f"plan.instruction_freq_mhz[{key!r}]={f} must be positive")
 
+    def _check_stage_fields(self) -> None:
+        if self.stage_gpus is not None:
+            gpus = tuple(int(g) for g in self.stage_gpus)
+            if len(gpus) != self.pp:
+                raise PlanError(f"plan.stage_gpus has {len(gpus)} values but pp={self.pp}")
+            for s, g in enumerate(gpus):
+                _positive(f"stage_gpus[{s}]", g)
+            if self.dp != 1:
+                raise PlanError(f"plan.dp={self.dp} must be 1 with plan.stage_gpus (each stage's "
+                                f"dp is its GPUs over its tp)")
+            if self.micro_batches is not None or self.virtual_stages != 1:
+                raise PlanError("plan.stage_gpus works with uniform micro-batches and "
+                                "virtual_stages=1 only")
+            object.__setattr__(self, "stage_gpus", gpus)
+            if self.stage_tp is not None and len(self.stage_tp) != self.pp:
+                raise PlanError(f"plan.stage_tp has {len(self.stage_tp)} values but pp={self.pp}")
+            for s in range(self.pp):
+                t = self.tp_of_stage(s)
+                if gpus[s] % t:
+                    raise PlanError(f"plan.stage_tp[{s}]={t} must divide plan.stage_gpus[{s}]="
+                                    f"{gpus[s]} (valid: {_divisors(gpus[s])})")
+                dp = gpus[s] // t
+                if self.micro_batch_size % dp:
+                    raise PlanError(f"plan.micro_batch_size={self.micro_batch_size} must be "
+                                    f"divisible by stage {s}'s dp={dp} (stage_gpus[{s}]="
+                                    f"{gpus[s]} / tp={t})")
+        if self.stage_recompute is not None:
+            policies: list[str | tuple[str, ...]] = []
+            for s, rc in enumerate(self.stage_recompute):
+                if isinstance(rc, str):
+                    if rc not in RECOMPUTE_POLICIES:
+                        raise PlanError(f"plan.stage_recompute[{s}]={rc!r} must be one of "
+                                        f"{', '.join(RECOMPUTE_POLICIES)} or a list of op names")
+                    policies.append(rc)
+                else:
+                    names = tuple(str(n) for n in rc)
+                    policies.append(names if names else "none")
+            if len(policies) != self.pp:
+                raise PlanError(f"plan.stage_recompute has {len(policies)} values but "
+                                f"pp={self.pp}")
+            object.__setattr__(self, "stage_recompute", tuple(policies))
+
     # ----------------------------------------------------------------- derived values
     @property
     def num_stages(self) -> int:
@@ -224,8 +275,29 @@ class ParallelPlan:
 
     @property
     def gpus(self) -> int:
-        """GPUs the plan occupies: dp × tp × pp."""
+        """GPUs the plan occupies: dp × tp × pp, or the sum of `stage_gpus`."""
+        if self.stage_gpus is not None:
+            return sum(self.stage_gpus)
         return self.dp * self.tp * self.pp
+
+    def gpus_of_stage(self, stage: int) -> int:
+        """GPUs of a physical stage: `stage_gpus[stage]`, else dp × tp."""
+        if self.stage_gpus is not None:
+            return self.stage_gpus[stage]
+        return self.dp * self.tp
+
+    def recompute_of_stage(self, stage: int) -> str | tuple[str, ...]:
+        """Recompute policy of a physical stage (`stage_recompute`, else `recompute`)."""
+        if self.stage_recompute is not None:
+            return self.stage_recompute[stage]
+        return self.recompute
+
+    def replica_batch(self, stage: int, batch_size: int) -> int:
+        """Samples one data-parallel replica of `stage` runs per micro-batch of `batch_size`:
+        the micro-batch itself, or with `stage_gpus` its share over the stage's dp."""
+        if self.stage_gpus is None:
+            return batch_size
+        return max(1, batch_size // self.dp_of_stage(stage))
 
     def micro_batch_list(self, default_seq_len: int) -> tuple[MicroBatch, ...]:
         """The per-replica micro-batches, explicit or uniform."""
@@ -254,7 +326,7 @@ class ParallelPlan:
 
     def dp_of_stage(self, stage: int) -> int:
         """Data-parallel degree of a physical stage (its GPUs over its tp)."""
-        return self.dp * self.tp // self.tp_of_stage(stage)
+        return self.gpus_of_stage(stage) // self.tp_of_stage(stage)
 
     def frequency_of(self, stage: int, action: str | None = None) -> float | None:
         """SM frequency for a stage's instruction: per-instruction, then per-stage, then global."""
@@ -276,6 +348,13 @@ class ParallelPlan:
 
     def _check_gpus(self, cluster: Any) -> None:
         n = cluster.num_gpus
+        if self.stage_gpus is not None:
+            if self.gpus != n:
+                raise PlanError(f"plan.stage_gpus={list(self.stage_gpus)} sum to {self.gpus} "
+                                f"but the cluster has {n} GPUs")
+            if self.stage_tp is not None and len(self.stage_tp) != self.pp:
+                raise PlanError(f"plan.stage_tp has {len(self.stage_tp)} values but pp={self.pp}")
+            return
         if self.gpus != n:
             options = sorted({(d, t, n // (d * t)) for t in _divisors(n) for d in _divisors(n // t)
                               if t == self.tp or n // (d * t) == self.pp})
@@ -343,9 +422,11 @@ class ParallelPlan:
                 and len(self.micro_batch_list(1)) % self.pp:
             raise PlanError(f"plan.schedule='interleaved' needs the micro-batch count "
                             f"({len(self.micro_batch_list(1))}) divisible by pp={self.pp}")
-        if isinstance(self.recompute, tuple):
+        for rc in (self.recompute, *(self.stage_recompute or ())):
+            if not isinstance(rc, tuple):
+                continue
             known = set(getattr(model, "op_names", list)())
-            for name in self.recompute:
+            for name in rc:
                 if known and name not in known:
                     raise PlanError(str(unknown_name("op in plan.recompute", name, known)))
 
@@ -359,7 +440,7 @@ class ParallelPlan:
                 if not 0 <= g < len(groups):
                     raise PlanError(f"plan.placement[{s}]={g}: the cluster has node groups "
                                     f"0..{len(groups) - 1}")
-                need[g] = need.get(g, 0) + self.dp * self.tp
+                need[g] = need.get(g, 0) + self.gpus_of_stage(s)
             for g, n in need.items():
                 have = _group_gpus(groups[g])
                 if n > have:
@@ -395,6 +476,8 @@ class ParallelPlan:
                 value = dict(value)
             elif f.name == "order" and value is not None:
                 value = [list(r) for r in value]
+            elif f.name == "stage_recompute" and value is not None:
+                value = [v if isinstance(v, str) else list(v) for v in value]
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
@@ -411,8 +494,11 @@ class ParallelPlan:
         for key, value in data.items():
             if value is None:
                 kwargs[key] = None
-            elif key in ("stage_layers", "stage_tp", "placement", "stage_freq_mhz") or key == "micro_batches":
+            elif key in ("stage_layers", "stage_tp", "placement", "stage_freq_mhz",
+                         "stage_gpus") or key == "micro_batches":
                 kwargs[key] = tuple(value)
+            elif key == "stage_recompute":
+                kwargs[key] = tuple(v if isinstance(v, str) else tuple(v) for v in value)
             elif key == "order":
                 if isinstance(value, Mapping):
                     value = [value[k] for k in sorted(value, key=int)]

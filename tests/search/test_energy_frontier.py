@@ -95,7 +95,7 @@ def test_steps_yield_one_record_each() -> None:
     steps = list(frontier_steps(dag))
     assert steps[0].iteration == 0
     assert [s.iteration for s in steps] == list(range(len(steps)))
-    assert all(a.makespan_units > b.makespan_units for a, b in zip(steps, steps[1:]))
+    assert all(a.makespan_units > b.makespan_units for a, b in itertools.pairwise(steps))
     assert list(frontier_steps(dag, max_steps=2))[-1].iteration == 2
 
 
@@ -103,7 +103,7 @@ def test_replay_equals_prediction() -> None:
     """Every frontier plan replayed by the SimPy engine has the predicted time and energy."""
     dag = build_dag(tiny_profile(CONVEX), 3)
     for p in compute_frontier(dag).points:
-        check, result = replay(dag, p.freq_mhz)
+        check, _ = replay(dag, p.freq_mhz)
         assert check.ok
         assert check.replayed_time_s == pytest.approx(p.time_s, rel=1e-9)
         assert check.replayed_energy_j == pytest.approx(p.energy_j, rel=1e-9)

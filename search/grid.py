@@ -1,0 +1,68 @@
+"""grid: Megatron-LM's uniform baseline — every dp × tp × pp × micro-batch × recompute point.
+
+Megatron-LM's users (and the baselines of Aceso, EuroSys'24 §6, and Alpa, OSDI'22 §8) sweep
+uniform plans: tp × pp × dp = the GPU count, layers split evenly over the pp stages, one
+micro-batch size, full activation recompute on or off. `GridPlanner` enumerates that space in a
+fixed order, asks the Oracle about every point, and reports the ones that do not build
+(PlanError: e.g. tp not dividing the head count) or do not fit memory as infeasible records —
+nothing is silently skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from trainsim.search.planner import SearchRecord, SearchState
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GridPlanner:
+    """Megatron-LM's uniform grid."""
+
+    name: str = "grid"
+    """Planner name in results."""
+    recompute: tuple[str, ...] = ("none", "full")
+    """Recompute policies to try."""
+    micro_batch_sizes: tuple[int, ...] | None = None
+    """Micro-batch sizes to try; powers of two dividing global_batch / dp when None."""
+    max_micro_batch_size: int = 64
+    """Largest micro-batch size the default list holds."""
+    schedule: str = "1f1b"
+    """Pipeline schedule (Megatron's default, PipeDream-flush)."""
+
+    def candidates(self, state: SearchState) -> Iterator[tuple[dict[str, Any], str]]:
+        """Plan fields and a note for every grid point, in a fixed order (tp, pp, mbs, rc)."""
+        n = state.cluster.num_gpus
+        batch = state.spec.global_batch
+        for tp in _divisors(n):
+            for pp in _divisors(n // tp):
+                dp = n // (tp * pp)
+                if batch % dp:
+                    continue
+                sizes = self.micro_batch_sizes or tuple(
+                    2**k for k in range(0, 31) if 2**k <= self.max_micro_batch_size
+                    and (batch // dp) % 2**k == 0)
+                for mbs in sizes:
+                    if (batch // dp) % mbs:
+                        continue
+                    for rc in self.recompute:
+                        fields = {"dp": dp, "tp": tp, "pp": pp, "micro_batch_size": mbs,
+                                  "global_batch": batch, "recompute": rc,
+                                  "schedule": self.schedule}
+                        yield fields, f"grid dp={dp} tp={tp} pp={pp} mbs={mbs} rc={rc}"
+
+    def steps(self, state: SearchState) -> Iterator[SearchRecord]:
+        """Evaluate every grid point until done or out of time."""
+        for fields, note in self.candidates(state):
+            if state.out_of_time():
+                return
+            yield state.evaluate(fields, note)
+
+
+__all__ = ["GridPlanner"]

@@ -1,0 +1,303 @@
+"""The planner frame: one interface for every parallelism planner (DESIGN.md §4).
+
+Every planner takes the same inputs — a `SearchSpec` (workload, cluster, global batch, per-GPU
+memory limit, time budget, objective) — and proposes plans that a `SearchState` evaluates on
+the Oracle (search/oracle.py). A planner is a generator (`Planner.steps(state)`) that yields one
+`SearchRecord` per evaluated plan, as lowtime's solver yields one record per iteration
+(STYLE.md §11): a caller can draw a progress bar, stop early, or time it. `run_search` drives
+one to the end (or to Ctrl-C, which returns the best so far) and returns a `SearchResult`:
+the ranked feasible plans with their Oracle summaries and the search log.
+
+**Ranking.** A plan *fits* when it ran (no PlanError), is not OOM, and every rank's peak memory
+is within the memory limit. Fitting plans rank by the objective: throughput (samples/s, higher
+is better), cost (dollars per iteration, lower is better: the global batch is fixed, so this is
+dollars per sample) or energy (joules per iteration). For search *direction* planners also need
+to compare plans that do not fit; `search_key` orders every plan: fitting ones first by the
+objective, then over-memory ones by how far over the limit they are, then broken ones.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trainsim.errors import PlanError, SimulationError, SpecError, unknown_name
+from trainsim.search.oracle import Oracle, Summary, _key_of
+
+if TYPE_CHECKING:
+    from trainsim.workloads.plan import ParallelPlan
+
+OBJECTIVES = ("throughput", "cost", "energy")
+"""What a search optimises."""
+
+BYTES_PER_MB = 1e6
+"""Aceso's memory limits are in MB (10^6 bytes): 12000 MB on 4 GPUs, 28000 MB on 32."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSpec:
+    """What every planner is asked: the workload, the cluster and the limits."""
+
+    model: Any
+    """Zoo name, model file path or ModelSpec."""
+    cluster: Any
+    """Cluster spec string, YAML path or Cluster."""
+    global_batch: int
+    """Samples per iteration (fixed: every candidate keeps it)."""
+    memory_limit_bytes: float | None = None
+    """Per-GPU memory a plan may use; the device's memory when None."""
+    time_budget_s: float = 60.0
+    """Wall-clock seconds the search may spend; it returns the best so far when they run out."""
+    objective: str = "throughput"
+    """throughput (samples/s), cost (USD per iteration) or energy (J per iteration)."""
+    top_k: int = 5
+    """How many ranked plans the result keeps."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.global_batch, int) or self.global_batch < 1:
+            raise SpecError(f"search.global_batch={self.global_batch!r} must be a positive "
+                            f"integer")
+        if self.memory_limit_bytes is not None and not self.memory_limit_bytes > 0:
+            raise SpecError(f"search.memory_limit_bytes={self.memory_limit_bytes!r} must be > 0")
+        if not self.time_budget_s > 0:
+            raise SpecError(f"search.time_budget_s={self.time_budget_s!r} must be > 0")
+        if self.objective not in OBJECTIVES:
+            raise SpecError(str(unknown_name("objective", self.objective, OBJECTIVES)))
+        if self.top_k < 1:
+            raise SpecError(f"search.top_k={self.top_k} must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchRecord:
+    """One step of a search: the plan tried, what the Oracle said, and whether it was best."""
+
+    step: int
+    """0-based index of the evaluation."""
+    elapsed_s: float
+    """Seconds since the search started."""
+    note: str
+    """What was tried (planner-specific: "grid", "migrate 1 layer 2->1", ...)."""
+    summary: Summary
+    """The Oracle's answer (an error Summary for a plan that does not build)."""
+    fits: bool
+    """Ran, not OOM, and within the memory limit."""
+    score: float
+    """Objective value to minimise (−samples/s, USD, J); +inf when it does not fit."""
+    improved: bool
+    """True when this plan became the best so far."""
+    plan: ParallelPlan | None = field(default=None, compare=False)
+    """The checked plan (None when it did not build)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A flat log row (no plan body: `SearchResult.ranked` carries the plans)."""
+        s = self.summary
+        return {"step": self.step, "elapsed_s": round(self.elapsed_s, 6), "note": self.note,
+                "fits": self.fits, "improved": self.improved,
+                "samples_per_s": s.samples_per_s,
+                "iteration_time_s": None if math.isinf(s.iteration_time_s)
+                else s.iteration_time_s,
+                "peak_memory_bytes": s.peak_memory_bytes, "error": s.error}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchResult:
+    """Ranked plans, the log, and counters of one search."""
+
+    method: str
+    """Planner name."""
+    spec: SearchSpec
+    """What was asked."""
+    ranked: tuple[SearchRecord, ...]
+    """Best first: distinct fitting plans by score (ties keep discovery order)."""
+    log: tuple[SearchRecord, ...]
+    """Every evaluation in order."""
+    evaluated: int
+    """Plans evaluated (cache hits included)."""
+    search_s: float
+    """Wall-clock seconds of the search."""
+    interrupted: bool = False
+    """True when Ctrl-C (or the caller) stopped it early."""
+
+    @property
+    def best(self) -> SearchRecord | None:
+        """The best fitting plan's record, None when no candidate fits."""
+        return self.ranked[0] if self.ranked else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: `best` (plan + figures), `ranked`, `evaluated`, `search_s`, `log`."""
+
+        def row(r: SearchRecord) -> dict[str, Any]:
+            d = r.summary.to_dict()
+            return {"plan": d["plan"], "samples_per_s": d["samples_per_s"],
+                    "iteration_time_s": d["iteration_time_s"],
+                    "peak_memory_bytes": d["peak_memory_bytes"], "energy_j": d["energy_j"],
+                    "cost_usd": d["cost_usd"], "stage_busy_s": d["stage_busy_s"],
+                    "note": r.note, "step": r.step}
+
+        return {
+            "method": self.method, "objective": self.spec.objective,
+            "global_batch": self.spec.global_batch,
+            "memory_limit_bytes": self.spec.memory_limit_bytes,
+            "best": row(self.best) if self.best else None,
+            "ranked": [row(r) for r in self.ranked],
+            "evaluated": self.evaluated, "search_s": self.search_s,
+            "interrupted": self.interrupted,
+            "improvements": [r.to_dict() for r in self.log if r.improved],
+        }
+
+
+def objective_score(summary: Summary, objective: str) -> float:
+    """The value to minimise: −samples/s, USD per iteration, or J per iteration."""
+    if objective == "throughput":
+        return -summary.samples_per_s
+    if objective == "cost":
+        return summary.cost_usd
+    return summary.energy_j
+
+
+def memory_ratio(summary: Summary, limit_bytes: float | None) -> float:
+    """Largest per-rank peak over its allowance (min of the limit and the device memory)."""
+    peaks = summary.peak_memory_bytes_per_rank or (summary.peak_memory_bytes,)
+    caps = summary.memory_capacity_bytes_per_rank or (math.inf,) * len(peaks)
+    worst = 0.0
+    for peak, cap in zip(peaks, caps):
+        allow = min(cap, limit_bytes) if limit_bytes is not None else cap
+        worst = max(worst, peak / allow if allow > 0 else math.inf)
+    return worst
+
+
+def fits(summary: Summary, limit_bytes: float | None) -> bool:
+    """Ran, is not OOM, and every rank's peak is within the memory limit."""
+    return summary.error is None and not summary.oom and \
+        memory_ratio(summary, limit_bytes) <= 1.0
+
+
+def search_key(summary: Summary, objective: str, limit_bytes: float | None
+               ) -> tuple[int, float]:
+    """Total order for search direction: (0, score) fits; (1, memory ratio) over memory;
+    (2, inf) broken. Smaller is better."""
+    if summary.error is not None:
+        return (2, math.inf)
+    if fits(summary, limit_bytes):
+        return (0, objective_score(summary, objective))
+    return (1, memory_ratio(summary, limit_bytes))
+
+
+class SearchState:
+    """Evaluates plans for a planner and keeps the best ones, the log and the clock."""
+
+    def __init__(self, spec: SearchSpec, oracle: Oracle | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.spec = spec
+        self.oracle = oracle if oracle is not None else Oracle(spec.model, spec.cluster)
+        self.clock = clock
+        self.start_s = clock()
+        self.log: list[SearchRecord] = []
+        self.best: SearchRecord | None = None
+        self._seen: dict[str, SearchRecord] = {}
+
+    @property
+    def model(self) -> Any:
+        """The resolved ModelSpec."""
+        return self.oracle.model
+
+    @property
+    def cluster(self) -> Any:
+        """The resolved Cluster."""
+        return self.oracle.cluster
+
+    def elapsed_s(self) -> float:
+        """Seconds since the search started."""
+        return self.clock() - self.start_s
+
+    def out_of_time(self) -> bool:
+        """True once the time budget is spent."""
+        return self.elapsed_s() >= self.spec.time_budget_s
+
+    def key(self, summary: Summary) -> tuple[int, float]:
+        """`search_key` under this search's objective and limit."""
+        return search_key(summary, self.spec.objective, self.spec.memory_limit_bytes)
+
+    def seen(self, plan: ParallelPlan | Mapping[str, Any]) -> SearchRecord | None:
+        """The record of an already evaluated plan, else None."""
+        return self._seen.get(_key_of(plan))
+
+    def evaluate(self, plan: ParallelPlan | Mapping[str, Any], note: str) -> SearchRecord:
+        """Check, simulate (through the Oracle's cache) and log one plan."""
+        checked: ParallelPlan | None = None
+        try:
+            checked = self.oracle.plan(plan)
+            summary = self.oracle.evaluate(checked)
+        except (PlanError, SimulationError) as exc:
+            self.oracle.stats.infeasible += 1
+            summary = Summary(plan_key=_key_of(plan), error=f"{type(exc).__name__}: {exc}")
+        ok = fits(summary, self.spec.memory_limit_bytes)
+        score = objective_score(summary, self.spec.objective) if ok else math.inf
+        improved = ok and (self.best is None or score < self.best.score)
+        record = SearchRecord(step=len(self.log), elapsed_s=self.elapsed_s(), note=note,
+                              summary=summary, fits=ok, score=score, improved=improved,
+                              plan=checked)
+        self.log.append(record)
+        self._seen.setdefault(summary.plan_key, record)
+        if improved:
+            self.best = record
+        return record
+
+    def result(self, method: str, interrupted: bool = False) -> SearchResult:
+        """Ranked distinct fitting plans (top_k) and the log."""
+        ranked: dict[str, SearchRecord] = {}
+        for r in self.log:
+            if r.fits and r.summary.plan_key not in ranked:
+                ranked[r.summary.plan_key] = r
+        order = sorted(ranked.values(), key=lambda r: (r.score, r.step))[: self.spec.top_k]
+        return SearchResult(method=method, spec=self.spec, ranked=tuple(order),
+                            log=tuple(self.log), evaluated=len(self.log),
+                            search_s=self.elapsed_s(), interrupted=interrupted)
+
+
+class Planner(Protocol):
+    """A planner: a name and a generator of one record per evaluated plan."""
+
+    name: str
+
+    def steps(self, state: SearchState) -> Iterator[SearchRecord]:
+        """Propose plans through `state.evaluate`, yielding each record; stop when done or
+        when `state.out_of_time()`."""
+        ...
+
+
+def run_search(planner: Planner, spec: SearchSpec, *, oracle: Oracle | None = None,
+               on_record: Callable[[SearchRecord], None] | None = None) -> SearchResult:
+    """Drive `planner` to the end of its search or its time budget.
+
+    Ctrl-C (KeyboardInterrupt) stops it and returns the best so far with `interrupted=True`.
+    `on_record` sees every record (progress bars).
+    """
+    state = SearchState(spec, oracle)
+    interrupted = False
+    try:
+        for record in planner.steps(state):
+            if on_record is not None:
+                on_record(record)
+    except KeyboardInterrupt:
+        interrupted = True
+    return state.result(planner.name, interrupted)
+
+
+def get_planner(method: str, **options: Any) -> Planner:
+    """The planner named `method` ("grid" or "aceso")."""
+    if method == "grid":
+        from trainsim.search.grid import GridPlanner
+        return GridPlanner(**options)
+    if method == "aceso":
+        from trainsim.search.aceso import AcesoPlanner
+        return AcesoPlanner(**options)
+    raise SpecError(str(unknown_name("search method", method, ("grid", "aceso"))))
+
+
+__all__ = ["BYTES_PER_MB", "OBJECTIVES", "Planner", "SearchRecord", "SearchResult",
+           "SearchSpec", "SearchState", "fits", "get_planner", "memory_ratio",
+           "objective_score", "run_search", "search_key"]
