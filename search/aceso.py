@@ -77,24 +77,23 @@ class AcesoPlanner:
 
     def seed_configs(self, ctx: dict[str, Any]) -> list[AcesoConfig]:
         """Balanced starts: for each pipeline depth, equal GPUs and layers per stage, tp = 1,
-        the smallest micro-batch every stage's dp divides, full recompute (fits first; the
-        search then switches recompute off where memory allows)."""
-        n, layers, batch = ctx["num_gpus"], ctx["num_layers"], ctx["global_batch"]
-        depths = self.seeds or [p for p in (2**k for k in range(0, 12))
+        two samples per data-parallel replica (one when the batch does not allow it), and the
+        top of the recompute ladder (fits first; the search then switches recompute off where
+        memory allows, and halves or doubles the micro-batch)."""
+        n, layers = ctx["num_gpus"], ctx["num_layers"]
+        depths = self.seeds or [p for p in (2**k for k in range(12))
                                 if p <= min(n, layers) and n % p == 0]
         out = []
         for pp in depths:
             g = n // pp
             base, extra = divmod(layers, pp)
-            mbs = g
-            while mbs <= batch and batch % mbs:
-                mbs += g
-            for rc in (ctx["ladder"][-1], ctx["ladder"][0]):
+            for mbs in (2 * g, g):
                 stages = tuple(AcesoStage(layers=base + (1 if i < extra else 0), gpus=g, tp=1,
-                                          recompute=rc) for i in range(pp))
+                                          recompute=ctx["ladder"][-1]) for i in range(pp))
                 cfg = AcesoConfig(stages=stages, micro_batch_size=mbs)
                 if check_config(cfg, **ctx):
                     out.append(cfg)
+                    break
         return out
 
     # ------------------------------------------------------------------ search

@@ -46,7 +46,7 @@ class GridPlanner:
                 if batch % dp:
                     continue
                 sizes = self.micro_batch_sizes or tuple(
-                    2**k for k in range(0, 31) if 2**k <= self.max_micro_batch_size
+                    2**k for k in range(31) if 2**k <= self.max_micro_batch_size
                     and (batch // dp) % 2**k == 0)
                 for mbs in sizes:
                     if (batch // dp) % mbs:

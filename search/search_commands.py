@@ -61,7 +61,7 @@ def search_command(
 ) -> None:
     """Search parallel plans for MODEL on CLUSTER and print the best ones."""
     from trainsim.search.oracle import Oracle
-    from trainsim.search.planner import SearchSpec, get_planner, run_search
+    from trainsim.search.planner import SearchSpec, get_planner
 
     if out is not None and not force:
         clash = [n for n in OUTPUT_FILES if (out / n).exists()]

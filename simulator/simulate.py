@@ -25,8 +25,16 @@ ENGINES = ("numba", "simpy")
 def resolve_model(model: str | ModelSpec) -> ModelSpec:
     """A ModelSpec from a zoo name, a YAML/config.json path, or a ModelSpec."""
     if isinstance(model, str):
+        from trainsim.errors import UnknownNameError
         from trainsim.workloads.zoo import get_model
-        return get_model(model)
+        try:
+            return get_model(model)
+        except UnknownNameError:
+            # The small models validation runs for real (tiny-gpt, ...) live beside it.
+            from trainsim.validate.small_models import get_validation_model, list_validation_models
+            if model.lower() in list_validation_models():
+                return get_validation_model(model)
+            raise
     return model
 
 

@@ -26,6 +26,13 @@ def _check_new(path: Path | None, force: bool, what: str) -> None:
         raise TrainsimError(f"{what} {str(path)!r} exists; pass --force to overwrite it")
 
 
+def _cpu_processes(spec: str) -> int:
+    text = spec.split(":", 1)[1]
+    if not text.isdigit() or int(text) < 1:
+        raise TrainsimError(f"cluster {spec!r}: expected cpu:N with N processes, e.g. cpu:2")
+    return int(text)
+
+
 def default_degrees(gpus: int, blocks: int, dp: int | None, tp: int | None,
                     pp: int | None) -> tuple[int, int, int]:
     """Fill unset degrees: with none given, a pipeline over every GPU when the model has enough
@@ -47,7 +54,8 @@ def simulate_command(
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m",
                               help="Zoo name, model YAML, or Hugging Face config.json."),
     cluster: str = typer.Option(DEFAULT_CLUSTER, "--cluster", "-c",
-                                help="Cluster spec (e.g. 2x8xA100-SXM4-80GB) or YAML file."),
+                                help="Cluster spec (e.g. 2x8xA100-SXM4-80GB), YAML file, or "
+                                "cpu:N (N local processes; needs --profile)."),
     plan_file: Path | None = typer.Option(None, "--plan", help="ParallelPlan JSON file; flags "
                                           "given on the command line override its fields."),
     dp: int | None = typer.Option(None, "--dp", help="Data-parallel degree."),
@@ -66,6 +74,8 @@ def simulate_command(
                                          help="none, selective, full, or op1,op2,..."),
     zero: int | None = typer.Option(None, "--zero", help="ZeRO stage 0-3."),
     freq_mhz: float | None = typer.Option(None, "--freq-mhz", help="SM clock for every GPU."),
+    profile: Path | None = typer.Option(None, "--profile", help="Profile database from `sim "
+                                        "profile`: measured op costs replace the roofline."),
     engine: str = typer.Option("numba", "--engine",
                               help="Engine: numba (fast, default) or simpy (reference)."),
     unfold: bool = typer.Option(False, "--unfold", help="Simulate every GPU as its own rank."),
@@ -85,9 +95,21 @@ def simulate_command(
     for path, what in ((timeline, "timeline"), (trace, "trace"), (save_plan, "plan file")):
         _check_new(path, force, what)
     console = Console(stderr=True, quiet=as_json or not sys.stderr.isatty())
+    cost = None
     with console.status("resolving model and cluster..."):
         spec = resolve_model(model)
-        hw = resolve_cluster(cluster)
+        if profile is not None:
+            from trainsim.validate.profiled_cost import load_cost_model
+            cost = load_cost_model(profile)
+        if cluster.startswith("cpu:") and cost is None:
+            raise TrainsimError(f"--cluster {cluster} describes this machine from a profile "
+                                f"database: give --profile DB (from `sim profile`)")
+        if cluster.startswith("cpu:"):
+            # The local machine as a cluster of N processes, described by the profile.
+            from trainsim.validate.cpu_hardware import cpu_cluster
+            hw = cpu_cluster(cost.db, _cpu_processes(cluster))
+        else:
+            hw = resolve_cluster(cluster)
     fields: dict[str, Any] = ParallelPlan.load(plan_file).to_dict() if plan_file else {}
     given = {"dp": dp, "tp": tp, "pp": pp, "sp": sp, "micro_batch_size": micro_batch,
              "global_batch": global_batch, "seq_len": seq_len, "schedule": schedule,
@@ -108,7 +130,7 @@ def simulate_command(
         fields["num_micro_batches"] = None  # re-derived from the overriding batch fields
     plan = ParallelPlan.build(spec, hw, **fields)
     with console.status(f"lowering {spec.name} on {hw.num_gpus} GPUs..."):
-        program = lower(spec, hw, plan, LoweringOptions(fold=not unfold))
+        program = lower(spec, hw, plan, LoweringOptions(fold=not unfold, cost_model=cost))
     result = _run_with_progress(program, engine, console)
     if save_plan:
         plan.save(save_plan, force=force)

@@ -184,12 +184,12 @@ def format_report(c: Comparison) -> str:
         return "n/a" if x is None else f"{100 * x:+.1f}%"
 
     p = c.plan
-    lines = [f"{c.model}  dp={p['dp']} tp={p['tp']} pp={p['pp']}  micro-batch "
-             f"{p['micro_batch_size']} x {p['num_micro_batches']}",
-             f"{'':24}{'measured':>12}{'predicted':>12}{'error':>9}",
-             f"{'iteration time (ms)':24}{1e3 * c.iteration_time_measured_s:12.2f}"
-             f"{1e3 * c.iteration_time_predicted_s:12.2f}{pct(c.iteration_time_error):>9}"
-             f"   (measured IQR {1e3 * c.iteration_time_spread_s:.2f} ms)"]
+    head = (f"{c.model}  dp={p['dp']} tp={p['tp']} pp={p['pp']}  micro-batch "
+            f"{p['micro_batch_size']} x {p['num_micro_batches']}")
+    iteration = (f"{'iteration time (ms)':24}{1e3 * c.iteration_time_measured_s:12.2f}"
+                 f"{1e3 * c.iteration_time_predicted_s:12.2f}{pct(c.iteration_time_error):>9}"
+                 f"   (measured IQR {1e3 * c.iteration_time_spread_s:.2f} ms)")
+    lines = [head, f"{'':24}{'measured':>12}{'predicted':>12}{'error':>9}", iteration]
     for s in c.stages:
         lines.append(f"{'stage ' + str(s['stage']) + ' busy (ms)':24}"
                      f"{1e3 * s['busy_measured_s']:12.2f}{1e3 * s['busy_predicted_s']:12.2f}"

@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+
 from trainsim.errors import DataFileError, UnknownNameError
 from trainsim.hwmodels.cluster import Cluster, NodeGroup
 from trainsim.hwmodels.gpus import GpuSpec

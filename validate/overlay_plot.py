@@ -21,12 +21,12 @@ def overlay_figure(trace: Any, comparison: Any) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    measured_ms = 1e3 * comparison.iteration_time_measured_s
+    predicted_ms = 1e3 * comparison.iteration_time_predicted_s
+    titles = (f"measured (profiled iteration; median unprofiled {measured_ms:.1f} ms)",
+              f"predicted ({predicted_ms:.1f} ms)")
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=(f"measured (profiled iteration, "
-                                        f"median {1e3 * comparison.iteration_time_measured_s:.1f}"
-                                        f" ms unprofiled)",
-                                        f"predicted ({1e3 * comparison.iteration_time_predicted_s:.1f}"
-                                        f" ms)"))
+                        subplot_titles=titles)
     colour: dict[str, str] = {}
 
     def col(kind: str) -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from trainsim.hwmodels.opcost import OpEstimate
 from trainsim.validate.cpu_hardware import derive_figures
 from trainsim.validate.profile_db import ProfileDB, ProfileRow

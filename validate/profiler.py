@@ -95,6 +95,7 @@ def op_specs(model: str, micro_batch_size: int, tps: tuple[int, ...]
 def _op_callable(o: dict[str, Any]) -> tuple[Callable[[], Any], list[Any]]:
     """(forward thunk, tensors whose grads to clear) running op `o` as the model runs it."""
     import torch
+
     from trainsim.validate import torch_ops as ops
 
     def leaf(*shape: int) -> torch.Tensor:
@@ -152,14 +153,15 @@ sharing its core with others (time slices of milliseconds) then sees its average
 CPU, as during a training run, not the speed of one lucky uninterrupted call."""
 
 
-def _time(fn: Callable[[], Any], warmup: int, repeats: int, barrier: Callable[[], None]
-          ) -> list[float]:
-    """Per-call seconds of `repeats` batches of back-to-back calls (see MIN_BATCH_S)."""
+def _time(fn: Callable[[], Any], warmup: int, repeats: int, barrier: Callable[[], None],
+          agree: Callable[[int], int] = lambda n: n) -> list[float]:
+    """Per-call seconds of `repeats` batches of back-to-back calls (see MIN_BATCH_S); `agree`
+    makes every process use the same batch length (collectives must match call for call)."""
     t0 = time.perf_counter()
     for _ in range(max(warmup, 1)):
         fn()
     once = (time.perf_counter() - t0) / max(warmup, 1)
-    calls = max(1, min(1000, int(MIN_BATCH_S / max(once, 1e-7))))
+    calls = agree(max(1, min(1000, int(MIN_BATCH_S / max(once, 1e-7)))))
     out = []
     for _ in range(repeats):
         barrier()
@@ -178,6 +180,7 @@ def _stats(times: list[float]) -> dict[str, float]:
 def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
+
     from trainsim.validate import torch_model as tm
     from trainsim.validate.small_models import get_validation_model
 
@@ -187,6 +190,13 @@ def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
                             world_size=world)
     rows: list[dict[str, Any]] = []
     warmup, repeats = cfg["warmup"], cfg["repeats"]
+
+    def agree(n: int) -> int:
+        t = torch.tensor([n])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    cfg["agree"] = agree
     try:
         for o in cfg["ops"]:
             fwd, leaves = _op_callable(o)
@@ -204,8 +214,8 @@ def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
                 clear()
                 fwd().backward(grad)
 
-            fwd_times = _time(fwd, warmup, repeats, dist.barrier)
-            both_times = _time(both, warmup, repeats, dist.barrier)
+            fwd_times = _time(fwd, warmup, repeats, dist.barrier, agree)
+            both_times = _time(both, warmup, repeats, dist.barrier, agree)
             # backward = (forward + backward) - forward, repeat by repeat (sorted pairs)
             bwd_times = [max(b - f, 1e-9) for b, f in zip(sorted(both_times), sorted(fwd_times),
                                                           strict=True)]
@@ -229,7 +239,7 @@ def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
                 for p in params:
                     p.grad = torch.randn_like(p)
                 opt = torch.optim.Adam(params, lr=1e-4)
-                times = _time(opt.step, warmup + 1, repeats, dist.barrier)
+                times = _time(opt.step, warmup + 1, repeats, dist.barrier, agree)
                 rows.append({"kind": "optimizer", "shape": [n], "pass_": "step",
                              "flops": 12.0 * n, "bytes_moved": 28.0 * n, "repeats": repeats,
                              **_stats(times)})
@@ -248,7 +258,7 @@ def _collectives(dist: Any, rank: int, world: int, cfg: dict[str, Any]) -> list[
     for size in sizes:
         n = max(1, size // 4)
         x = torch.ones(n)
-        reps = cfg["repeats"] * (4 if size <= 2**18 else 1)
+        reps = cfg["repeats"]
         calls: dict[str, Callable[[], Any]] = {"all_reduce": lambda x=x: dist.all_reduce(x)}
         if n % world == 0:
             parts = [torch.empty(n // world) for _ in range(world)]
@@ -266,7 +276,7 @@ def _collectives(dist: Any, rank: int, world: int, cfg: dict[str, Any]) -> list[
             calls["p2p"] = ping
         for kind, fn in calls.items():
             try:
-                times = _time(fn, cfg["warmup"] + 1, reps, dist.barrier)
+                times = _time(fn, cfg["warmup"] + 1, reps, dist.barrier, cfg["agree"])
             except (RuntimeError, ValueError):  # e.g. reduce_scatter on an old gloo
                 continue
             if kind == "p2p":
@@ -300,6 +310,7 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
     import tempfile
 
     import torch.multiprocessing as mp
+
     from trainsim.validate.small_models import get_validation_model
     from trainsim.validate.torch_parallel import free_port
 

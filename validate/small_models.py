@@ -11,6 +11,7 @@ import functools
 from importlib import resources
 
 import yaml
+
 from trainsim.errors import DataFileError, unknown_name
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.user_models import spec_from_mapping

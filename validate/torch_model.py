@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
+
 from trainsim.validate import torch_ops as ops
 from trainsim.workloads.model import ModelSpec
 

@@ -30,19 +30,19 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F  # noqa: N812 - torch convention
+import torch.nn.functional as F
 
 
 class _CopyToTp(torch.autograd.Function):
     """Megatron's "f": identity forward, all-reduce of the input gradient backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # noqa: D102
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         ctx.group = group
         return x
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: D102
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
@@ -52,13 +52,13 @@ class _ReduceFromTp(torch.autograd.Function):
     """Megatron's "g": all-reduce forward, identity backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # noqa: D102
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         x = x.contiguous()
         dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: D102
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
 
 
@@ -145,7 +145,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, vocab_start: int,
-                group: Any) -> torch.Tensor:  # noqa: D102
+                group: Any) -> torch.Tensor:
         local_max = logits.max(dim=-1).values
         shifted = logits - local_max.unsqueeze(-1)
         exp = shifted.exp()
@@ -174,7 +174,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return (lse - target_logit).mean()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # noqa: D102
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         softmax, idx, outside = ctx.saved_tensors
         g = softmax.clone()
         rows = torch.arange(g.shape[0])

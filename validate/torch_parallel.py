@@ -67,6 +67,7 @@ def _groups(dist: Any, world: int, dp: int, tp: int, pp: int, rank: int) -> tupl
 def _worker(rank: int, cfg: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
+
     from trainsim.simulator.schedules import get_schedule
     from trainsim.validate import torch_model as tm
     from trainsim.validate.small_models import get_validation_model

@@ -460,7 +460,13 @@ class ParallelPlan:
     # ----------------------------------------------------------------- construction & JSON
     @classmethod
     def build(cls, model: Any, cluster: Any, **fields: Any) -> ParallelPlan:
-        """Make a plan and check it against `model` and `cluster` in one step."""
+        """Make a plan and check it against `model` and `cluster` in one step.
+
+        An fp32 model (e.g. Wide-ResNet, the small validation models) is trained in fp32 unless
+        `dtype` says otherwise; other models default to fp16, which every catalog GPU runs.
+        """
+        if "dtype" not in fields and getattr(model, "dtype", None) == "fp32":
+            fields = {**fields, "dtype": model.dtype}
         plan = cls.from_dict(fields)
         plan.check(model, cluster)
         return plan

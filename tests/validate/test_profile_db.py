@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from trainsim.errors import DataFileError
 from trainsim.simulator.collectives import collective_time_s, link_bandwidths, plan_collective
 from trainsim.validate.cpu_hardware import cpu_cluster, cpu_gpu_spec, fit_alpha_beta

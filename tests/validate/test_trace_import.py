@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from trainsim.cli import main
 from trainsim.errors import TraceError
 from trainsim.validate.trace_import import load_kineto, parse_kineto
@@ -104,4 +105,18 @@ def test_cli_bad_trace_is_one_line_exit_2(tmp_path, capsys):
                       "num_micro_batches": 1}, "iteration_times_s": [0.1]}
     good = tmp_path / "u.json"
     good.write_text(json.dumps(trace))
-    from tests_validate_helpers import write_profile  # noqa: F401  (see conftest)
+    from trainsim.validate.profile_db import ProfileDB, ProfileRow
+
+    prof = tmp_path / "p.csv"
+    ProfileDB(meta={"device": "cpu"}, rows=(
+        ProfileRow(kind="matmul", shape=(8, 8, 8), flops=1024.0, time_s=1e-5),
+        ProfileRow(kind="layernorm", shape=(64,), flops=320.0, bytes_moved=512.0, time_s=1e-6),
+        ProfileRow(kind="all_reduce", pass_="comm", group_size=2, size_bytes=4096.0,
+                   time_s=1e-4),
+        ProfileRow(kind="all_reduce", pass_="comm", group_size=2, size_bytes=2.0**20,
+                   time_s=1e-3))).save(prof)
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", str(good), "--profile", str(prof)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown model 'no-such-model'" in err[0]

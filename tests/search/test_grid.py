@@ -1,0 +1,111 @@
+"""grid: Megatron-LM's uniform baseline finds the true optimum of its space (brute force), reports
+plans that do not build or do not fit as infeasible, and the planner frame ranks, logs, stops on
+its budget and returns the best so far on Ctrl-C."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from trainsim.errors import SpecError
+from trainsim.search.grid import GridPlanner
+from trainsim.search.oracle import Oracle
+from trainsim.search.planner import SearchSpec, SearchState, fits, run_search
+
+MODEL, CLUSTER = "gpt3-125m", "4xV100-SXM2-32GB"
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Oracle:
+    return Oracle(MODEL, CLUSTER)
+
+
+def _spec(**kw) -> SearchSpec:
+    base = {"model": MODEL, "cluster": CLUSTER, "global_batch": 16, "time_budget_s": 120.0,
+            "top_k": 3}
+    return SearchSpec(**(base | kw))
+
+
+def test_grid_finds_the_brute_force_optimum(oracle: Oracle) -> None:
+    """Best grid plan = the max samples/s over every dp×tp×pp×mbs×recompute point evaluated
+    independently (brute force over the same Oracle), among plans that fit."""
+    planner = GridPlanner(micro_batch_sizes=(1, 2, 4))
+    result = run_search(planner, _spec(), oracle=oracle)
+    best = 0.0
+    for tp, pp in itertools.product((1, 2, 4), (1, 2, 4)):
+        if tp * pp > 4:
+            continue
+        dp = 4 // (tp * pp)
+        for mbs, rc in itertools.product((1, 2, 4), ("none", "full")):
+            if 16 % (dp * mbs):
+                continue
+            s = oracle.evaluate({"dp": dp, "tp": tp, "pp": pp, "micro_batch_size": mbs,
+                                 "global_batch": 16, "recompute": rc})
+            if fits(s, None):
+                best = max(best, s.samples_per_s)
+    assert result.best is not None
+    assert result.best.summary.samples_per_s == pytest.approx(best)
+    scores = [r.score for r in result.ranked]
+    assert scores == sorted(scores) and len(result.ranked) == 3
+
+
+def test_over_memory_plans_are_reported_infeasible(oracle: Oracle) -> None:
+    """With a 2 GB limit every plan's weights+optimizer (125M × 16 B / stage) or activations
+    exceed it for some points; those are logged with fits=False and never ranked."""
+    result = run_search(GridPlanner(micro_batch_sizes=(1, 4)),
+                        _spec(memory_limit_bytes=2e9), oracle=oracle)
+    over = [r for r in result.log if not r.fits]
+    assert over, "expected plans over a 2 GB limit"
+    assert all(r.summary.peak_memory_bytes > 2e9 or r.summary.error for r in over)
+    assert all(r.fits and r.summary.peak_memory_bytes <= 2e9 for r in result.ranked)
+
+
+def test_plans_that_do_not_build_are_logged_with_their_error() -> None:
+    """A model whose 12 heads tp=8 cannot divide: tp=8 points carry a PlanError message."""
+    o = Oracle("gpt3-125m", "8xV100-SXM2-32GB")
+    result = run_search(GridPlanner(micro_batch_sizes=(1,), recompute=("none",)),
+                        _spec(cluster="8xV100-SXM2-32GB"), oracle=o)
+    bad = [r for r in result.log if r.summary.error]
+    assert bad and all("tp=8" in r.summary.error for r in bad)
+    assert all(not r.fits for r in bad)
+
+
+def test_time_budget_and_interrupt_return_best_so_far(oracle: Oracle) -> None:
+    """A spent budget stops the generator; KeyboardInterrupt mid-search returns the best
+    seen so far with interrupted=True."""
+    ticks = iter(range(1000))
+    state = SearchState(_spec(time_budget_s=3.0), oracle, clock=lambda: float(next(ticks)))
+    records = list(GridPlanner(micro_batch_sizes=(1, 2)).steps(state))
+    assert 0 < len(records) <= 3
+
+    seen = []
+
+    def stop(record) -> None:
+        seen.append(record)
+        if len(seen) == 4:
+            raise KeyboardInterrupt
+
+    result = run_search(GridPlanner(micro_batch_sizes=(1, 2)), _spec(), oracle=oracle,
+                        on_record=stop)
+    assert result.interrupted and result.evaluated == 4
+    fitting = [r for r in seen if r.fits]
+    assert result.best is not None and fitting
+    assert result.best.score == min(r.score for r in fitting)
+
+
+def test_spec_rejects_bad_inputs() -> None:
+    """Unknown objectives and non-positive batches are user errors naming the field."""
+    with pytest.raises(SpecError, match="objective"):
+        _spec(objective="speed")
+    with pytest.raises(SpecError, match="global_batch"):
+        _spec(global_batch=0)
+
+
+def test_objectives_rank_by_cost_and_energy(oracle: Oracle) -> None:
+    """objective=energy ranks by J/iteration ascending; cost by USD/iteration ascending."""
+    for objective, attr in (("energy", "energy_j"), ("cost", "cost_usd")):
+        result = run_search(GridPlanner(micro_batch_sizes=(2,), recompute=("none",)),
+                            _spec(objective=objective), oracle=oracle)
+        values = [getattr(r.summary, attr) for r in result.ranked]
+        assert values == sorted(values)

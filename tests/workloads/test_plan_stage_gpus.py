@@ -1,0 +1,71 @@
+"""Per-stage GPU counts (Aceso-style plans): stages of different sizes with their own tp and dp,
+the pipeline micro-batch split over each stage's replicas, and per-stage recompute."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainsim.errors import PlanError
+from trainsim.search.oracle import Oracle
+from trainsim.workloads.plan import ParallelPlan
+
+MODEL, CLUSTER = "gpt3-125m", "4xV100-SXM2-32GB"
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Oracle:
+    return Oracle(MODEL, CLUSTER)
+
+
+def test_equal_stage_gpus_equal_the_uniform_plan(oracle: Oracle) -> None:
+    """stage_gpus=(2, 2) with tp=1 and a pipeline micro-batch of 2 is dp=2, micro-batch 1:
+    the same iteration time, memory and busy times."""
+    a = oracle.evaluate({"pp": 2, "stage_gpus": (2, 2), "micro_batch_size": 2,
+                         "global_batch": 16, "seq_len": 256})
+    b = oracle.evaluate({"pp": 2, "dp": 2, "micro_batch_size": 1, "global_batch": 16,
+                         "seq_len": 256})
+    assert a.iteration_time_s == pytest.approx(b.iteration_time_s)
+    assert a.peak_memory_bytes_per_rank == pytest.approx(b.peak_memory_bytes_per_rank)
+
+
+def test_uneven_stages_split_the_micro_batch(oracle: Oracle) -> None:
+    """A 1-GPU stage runs the whole micro-batch of 2, a 2-GPU dp stage half of it: per
+    layer the 1-GPU stage is busier, and the plan occupies 1 + 2 + 1 = 4 GPUs."""
+    plan = ParallelPlan.build(oracle.model, oracle.cluster, pp=3, stage_gpus=(1, 2, 1),
+                              stage_layers=(4, 4, 4), micro_batch_size=2, global_batch=16,
+                              seq_len=256)
+    assert plan.gpus == 4 and plan.dp_of_stage(1) == 2 and plan.replica_batch(1, 2) == 1
+    s = oracle.evaluate(plan)
+    assert s.stage_busy_s[0] > s.stage_busy_s[1]
+
+
+def test_stage_recompute_applies_per_stage(oracle: Oracle) -> None:
+    """Full recompute on stage 0 only lowers stage 0's peak memory and adds work there."""
+    base = {"pp": 2, "dp": 2, "micro_batch_size": 1, "global_batch": 16, "seq_len": 256}
+    a = oracle.evaluate(base)
+    b = oracle.evaluate(base | {"stage_recompute": ("full", "none")})
+    assert b.peak_memory_bytes_per_rank[0] < a.peak_memory_bytes_per_rank[0]
+    assert b.peak_memory_bytes_per_rank[1] == pytest.approx(a.peak_memory_bytes_per_rank[1])
+    assert b.stage_busy_s[0] > a.stage_busy_s[0]
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"pp": 2, "stage_gpus": (1, 2), "micro_batch_size": 2}, r"sum to 3 but the cluster has 4"),
+    ({"pp": 2, "stage_gpus": (2, 2), "dp": 2}, r"plan.dp=2 must be 1"),
+    ({"pp": 2, "stage_gpus": (2, 2), "micro_batch_size": 1}, r"divisible by stage 0's dp=2"),
+    ({"pp": 2, "stage_gpus": (2, 2), "stage_tp": (4, 1), "micro_batch_size": 2},
+     r"stage_tp\[0\]=4 must divide plan.stage_gpus\[0\]=2"),
+    ({"pp": 2, "stage_recompute": ("full",)}, r"stage_recompute has 1 values but pp=2"),
+])
+def test_bad_stage_fields_are_refused(oracle: Oracle, fields: dict, message: str) -> None:
+    """Impossible per-stage fields fail at construction, naming the field and value."""
+    with pytest.raises(PlanError, match=message):
+        ParallelPlan.build(oracle.model, oracle.cluster, **({"global_batch": 16} | fields))
+
+
+def test_stage_fields_round_trip_through_json() -> None:
+    """stage_gpus and stage_recompute (with an op-name tuple) survive to_json/from_json."""
+    plan = ParallelPlan(pp=2, stage_gpus=(1, 2), micro_batch_size=2, global_batch=8,
+                        stage_recompute=("full", ("attn.score", "attn.softmax")))
+    again = ParallelPlan.from_json(plan.to_json())
+    assert again == plan
