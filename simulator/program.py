@@ -161,6 +161,24 @@ class Task:
             )
 
 
+_TASK_FIELDS = ("name", "kind", "ranks", "stream", "duration_s", "comm_bytes", "links", "deps",
+                "mem_alloc_bytes", "mem_free_bytes", "power_w", "freq_mhz", "micro_batch",
+                "stage", "first_layer", "last_layer")
+
+
+def trusted_task(values: tuple) -> Task:
+    """A Task from `values` in `_TASK_FIELDS` order, skipping the per-field checks.
+
+    For producers that build tasks from already-checked numbers (the lowering emits tens of
+    thousands per plan, and the checks were a third of its time); `Program.validate()` still
+    checks such a program as a whole.
+    """
+    task = object.__new__(Task)
+    for name, value in zip(_TASK_FIELDS, values):
+        object.__setattr__(task, name, value)
+    return task
+
+
 def _per_rank(
     name: str, values: Sequence[float], num_ranks: int, default: float
 ) -> tuple[float, ...]:

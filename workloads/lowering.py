@@ -32,7 +32,7 @@ from typing import Any
 
 from trainsim.errors import PlanError
 from trainsim.simulator.actions import Action, infer_stage_to_rank
-from trainsim.simulator.program import Program, Task
+from trainsim.simulator.program import Program, trusted_task
 from trainsim.simulator.schedules import explicit, get_schedule
 from trainsim.workloads.lowering_comm import CommLowering, Need, kind_of
 from trainsim.workloads.model import ModelGraph, build_graph
@@ -635,12 +635,12 @@ class _Lowering:
             idle.append(float(cluster.idle_power_w(self.represents[p][0])))
             gpu_names.append(gpu.name)
             peaks.append(float(gpu.peak_flops(plan.dtype)))
-        tasks = [Task(name=t.name, kind=t.kind, ranks=t.ranks, stream=t.stream,
-                      duration_s=t.duration_s, comm_bytes=t.comm_bytes, links=t.links,
-                      deps=tuple(t.deps), mem_alloc_bytes=t.mem_alloc_bytes,
-                      mem_free_bytes=t.mem_free_bytes, power_w=t.power_w, freq_mhz=t.freq_mhz,
-                      micro_batch=t.micro_batch, stage=t.stage, first_layer=t.first_layer,
-                      last_layer=t.last_layer) for t in self.tasks]
+        # The lowering computes every number itself, so tasks skip the per-field checks.
+        tasks = [trusted_task((t.name, t.kind, t.ranks, t.stream, float(t.duration_s),
+                               float(t.comm_bytes), t.links, tuple(t.deps),
+                               float(t.mem_alloc_bytes), float(t.mem_free_bytes),
+                               float(t.power_w), t.freq_mhz, t.micro_batch, t.stage,
+                               t.first_layer, t.last_layer)) for t in self.tasks]
         model_flops = sum(self.graph(mb).training_flops("none", matmul_only=True)
                           for mb in self.micro_batches) * plan.dp
         tokens = sum(mb.batch_size * mb.seq_len for mb in self.micro_batches) * plan.dp

@@ -275,3 +275,17 @@ def test_per_op_tp_is_refused_not_ignored() -> None:
     plan = ParallelPlan.build(model, cluster, tp=2, op_tp={"attn.qkv": 1})
     with pytest.raises(PlanError, match=r"per-op tensor-parallel degrees are not simulated"):
         lower(model, cluster, plan)
+
+
+@pytest.mark.parametrize("fields", [
+    {"pp": 4, "global_batch": 16},
+    {"dp": 2, "tp": 2, "global_batch": 16, "zero": 3, "recompute": "selective", "sp": True},
+    {"pp": 2, "tp": 2, "global_batch": 16, "schedule": "interleaved", "virtual_stages": 2},
+])
+def test_lowered_programs_pass_full_validation(fields: dict) -> None:
+    """Lowering builds tasks without per-field checks (for speed); the whole program must still
+    pass `Program.validate()` (ids, deps, ranks, links, no dependency cycle)."""
+    model, cluster = get_model("gpt3-125m"), parse_cluster("4xA100-SXM4-80GB")
+    plan = ParallelPlan.build(model, cluster, **fields)
+    for fold in (True, False):
+        lower(model, cluster, plan, LoweringOptions(fold=fold)).validate()
