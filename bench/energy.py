@@ -7,7 +7,12 @@ its measured seconds per iteration × the iteration count of its published front
 `speedup_vs_lowtime`, `max_energy_gap_vs_lowtime` (relative, ≤ 0 = never worse) of our frontier
 against Lowtime's published frontier CSV in its own convention (model energy at quantised time),
 the all-max iteration time vs the 1F1B replay, and the intrinsic saving at no slowdown vs the
-Perseus paper. Usage: ``python bench/energy.py [--json] [--all] [--lowtime-budget-s 60]``.
+Perseus paper (Table 6, `PUBLISHED_INTRINSIC_PCT`), in two conventions: ours (real time and
+energy at the all-max iteration time) and the paper's (Lowtime's fastest quantised frontier time
+T_q, the plan energy in the crashing model's convention, against the all-max energy stretched
+to T_q at blocking power; needs Lowtime's frontier CSV, so A100 only). `--intrinsic` adds every
+published case (GPT-3 175B and BLOOM 176B, A100-SXM and A40, 12/24/48/96 micro-batches).
+Usage: ``python bench/energy.py [--json] [--all] [--intrinsic] [--lowtime-budget-s 60]``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,68 @@ import numpy as np
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "perseus"
 P_BLOCK_A100_W = 83.64  # Perseus-measured blocking power, shared/data/perseus/SOURCES.md
+P_BLOCK_W = {"a100_sxm": P_BLOCK_A100_W, "a40": 70.38}  # same source
+MAX_FREQ_MHZ = {"a100_sxm": 1410, "a40": 1740}  # top clock of each profile (SOURCES.md)
+
+#: Perseus (Chung et al., SOSP'24) Table 6, "intrinsic bloat reduction without stragglers"
+#: (int_saving_pp, %), as its artifact prints it: github.com/ml-energy/zeus, evaluation.ipynb,
+#: commit 38cb3f90c30d9041d4b141cfe5c922dba55baa45, cell "Intrinsic bloat reduction without
+#: stragglers". Its formula, 1 − E(fastest Lowtime frontier row) / E_allmax(at that row's time),
+#: reproduces these from shared/data/perseus to all printed digits for the A100 rows.
+PUBLISHED_INTRINSIC_PCT: dict[tuple[str, str, int], float] = {
+    ("gpt3-175b", "a100_sxm", 12): 15.201604, ("gpt3-175b", "a100_sxm", 24): 14.190355,
+    ("gpt3-175b", "a100_sxm", 48): 13.616616, ("gpt3-175b", "a100_sxm", 96): 13.319138,
+    ("gpt3-175b", "a40", 12): 11.810657, ("gpt3-175b", "a40", 24): 10.220271,
+    ("gpt3-175b", "a40", 48): 9.340778, ("gpt3-175b", "a40", 96): 8.878493,
+    ("bloom", "a100_sxm", 12): 10.471891, ("bloom", "a100_sxm", 24): 7.064365,
+    ("bloom", "a100_sxm", 48): 5.234097, ("bloom", "a100_sxm", 96): 4.284563,
+    ("bloom", "a40", 12): 6.973716, ("bloom", "a40", 24): 4.488244,
+    ("bloom", "a40", 48): 3.122653, ("bloom", "a40", 96): 2.405541,
+}
+PUBLISHED_SOURCE = ("Perseus SOSP'24 Table 6 via github.com/ml-energy/zeus evaluation.ipynb "
+                    "@38cb3f90")
+
+
+def intrinsic_case(model: str, device: str, m: int) -> dict:
+    """Our intrinsic saving at no slowdown vs the published one, in both conventions."""
+    from trainsim.search.energy_baselines import all_max
+    from trainsim.search.energy_dag import build_dag
+    from trainsim.search.energy_frontier import compute_frontier, energy_at
+    from trainsim.search.energy_profile import load_perseus_csv
+
+    p_block = P_BLOCK_W[device]
+    prof = load_perseus_csv(DATA / "stage_profile" / f"{model}+{device}_bf16.csv",
+                            blocking_power_w=p_block)
+    dag = build_dag(prof, m)
+    fr = compute_frontier(dag)
+    top = all_max(dag)
+    ours = 100.0 * (1.0 - energy_at(fr.points, top.time_s, p_block, dag.num_stages)
+                    / top.energy_j)
+    published = PUBLISHED_INTRINSIC_PCT[(model, device, m)]
+    out = {"case": f"{model} {device} mb{m}", "published_pct": published,
+           "ours_pct": round(ours, 3), "delta_pp": round(ours - published, 3),
+           "ours_paper_convention_pct": None, "delta_pp_paper_convention": None}
+    ref_path = DATA / "lowtime_frontier_emulation" / device / f"{model}_bf16_mb{m}.csv"
+    if ref_path.is_file():
+        ref = np.loadtxt(ref_path, delimiter=",", skiprows=1)
+        t_q = float(ref[:, 0].min())
+        base = _all_max_energy_at(prof, m, t_q, p_block, MAX_FREQ_MHZ[device])
+        e_q = energy_at(fr.steps, t_q, p_block, dag.num_stages, quantised="model")
+        paper = 100.0 * (1.0 - e_q / base)
+        out["ours_paper_convention_pct"] = round(paper, 3)
+        out["delta_pp_paper_convention"] = round(paper - published, 3)
+    return out
+
+
+def _all_max_energy_at(prof, m: int, time_s: float, p_block: float, f_max: float) -> float:
+    """All-max energy of one pipeline stretched to `time_s` (the artifact's baseline):
+    Σ_s m·(E_F + E_B) + P_block · (time_s − m·(t_F + t_B)) per stage."""
+    total = 0.0
+    for s in range(prof.num_stages):
+        tf, ef = prof.options[(s, "forward")].at(f_max)
+        tb, eb = prof.options[(s, "backward")].at(f_max)
+        total += m * (ef + eb) + p_block * (time_s - m * (tf + tb))
+    return total
 
 
 def run_lowtime(csv_path: Path, m: int, p_block_w: float, budget_s: float,
@@ -107,6 +174,7 @@ def bench_case(model: str, m: int, budget_s: float, with_lowtime: bool) -> dict:
         "all_max_time_s": top.time_s, "all_max_replay_time_s": check.replayed_time_s,
         "all_max_energy_j": top.energy_j,
         "intrinsic_saving": 1.0 - e0 / top.energy_j,
+        "published_intrinsic_saving": PUBLISHED_INTRINSIC_PCT[(model, "a100_sxm", m)] / 100.0,
         "envpipe_saving": 1.0 - base["EnvPipe"].energy_j / top.energy_j,
         "zeus_per_stage": {"time_s": base["ZeusPerStage"].time_s,
                            "energy_j": base["ZeusPerStage"].energy_j},
@@ -141,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lowtime-budget-s", type=float, default=60.0,
                     help="seconds Lowtime may run per case before extrapolating")
     ap.add_argument("--micro-batches", type=int, nargs="*", default=[12, 24, 48, 96])
+    ap.add_argument("--intrinsic", action="store_true",
+                    help="every published intrinsic-saving case (A100 and A40), ours vs paper")
     args = ap.parse_args(argv)
     if not DATA.is_dir():
         print(f"reference data not found at {DATA}", file=sys.stderr)
@@ -160,20 +230,34 @@ def main(argv: list[str] | None = None) -> None:
            "max_energy_gap_vs_lowtime": max(c["max_energy_gap_vs_lowtime"] for c in cases),
            "min_speedup_vs_lowtime": (min(c["speedup_vs_lowtime"] for c in cases)
                                       if with_lowtime else None)}
+    if args.intrinsic:
+        doc["intrinsic"] = {"source": PUBLISHED_SOURCE, "cases": [
+            intrinsic_case(model, device, m) for model in ("gpt3-175b", "bloom")
+            for device in ("a100_sxm", "a40") for m in args.micro_batches]}
     if args.json:
         print(json.dumps(doc))
         return
     print(note)
     print(f"{'case':26s} {'ours s':>7s} {'lowtime s':>10s} {'speedup':>8s} {'gap':>8s} "
-          f"{'T_allmax':>9s} {'replay':>9s} {'intrinsic':>9s}")
+          f"{'T_allmax':>9s} {'replay':>9s} {'intrinsic':>9s} {'published':>9s}")
     for c in cases:
         lt = f"{c.get('lowtime_s', float('nan')):.1f}{'*' if c.get('lowtime_extrapolated') else ''}"
         sp = c["speedup_vs_lowtime"]
         print(f"{c['case']:26s} {c['planner_s']:7.2f} {lt:>10s} "
               f"{(f'{sp:.1f}x' if sp else '-'):>8s} {c['max_energy_gap_vs_lowtime']:8.2%} "
               f"{c['all_max_time_s']:9.4f} {c['all_max_replay_time_s']:9.4f} "
-              f"{c['intrinsic_saving']:9.1%}")
+              f"{c['intrinsic_saving']:9.1%} {c['published_intrinsic_saving']:9.1%}")
     print("* extrapolated from Lowtime's seconds per iteration over its published iteration count")
+    if args.intrinsic:
+        print(f"\nintrinsic saving at no slowdown, % (published: {PUBLISHED_SOURCE})")
+        print(f"{'case':26s} {'published':>9s} {'ours':>7s} {'Δ pp':>7s} "
+              f"{'ours(paper conv.)':>18s} {'Δ pp':>7s}")
+        for c in doc["intrinsic"]["cases"]:
+            pc = c["ours_paper_convention_pct"]
+            pc_s = "-" if pc is None else f"{pc:.2f}"
+            dpc = "-" if pc is None else f"{c['delta_pp_paper_convention']:+.2f}"
+            print(f"{c['case']:26s} {c['published_pct']:9.2f} {c['ours_pct']:7.2f} "
+                  f"{c['delta_pp']:+7.2f} {pc_s:>18s} {dpc:>7s}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,11 @@
 
 `frontier` computes the frontier, the baselines and the intrinsic saving; `pick` chooses the
 plan for a straggler's iteration time. Inputs are a Perseus profile CSV or a model + cluster +
-plan costed by trainsim's DVFS model. Heavy imports stay inside the commands.
+plan costed by trainsim's DVFS model. In model mode the summary adds `lowered`: the all-max and
+no-slowdown plans as `lower()` runs them (transfers and optimizer step included,
+search/energy_lowered.py), predicted and simulated, and `--out` also writes them as ParallelPlan
+JSON files (`plan_all_max.json`, `plan_no_slowdown.json`) that `sim simulate --plan` runs.
+Heavy imports stay inside the commands.
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ _UNIT = typer.Option(1e-3, "--unit-s", help="Time quantum of the crashing steps 
 _OUT = typer.Option(None, "--out", help="Directory for plans.json and frontier.html.")
 _FORCE = typer.Option(False, "--force", help="Overwrite existing outputs.")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
+
+
+#: Fastest frontier plans tried (as is and tightened) for the lowered no-slowdown plan.
+LOWERED_CANDIDATES: int = 8
+
+#: Plan files written in model mode: summary key -> file name.
+PLAN_FILES: dict[str, str] = {"all_max": "plan_all_max.json",
+                              "no_slowdown": "plan_no_slowdown.json"}
 
 
 def _fail(message: str) -> None:
@@ -76,7 +88,7 @@ def _load(profile: Path | None, microbatches: int | None, gpu: str | None,
 def _check_out(out: Path | None, force: bool) -> None:
     if out is None:
         return
-    for name in ("plans.json", "frontier.html"):
+    for name in ("plans.json", "frontier.html", *PLAN_FILES.values()):
         if (out / name).exists() and not force:
             raise SpecError(f"{out / name} exists; pass --force to overwrite it")
 
@@ -130,6 +142,64 @@ def _summary(dag: Any, res: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _lowered(dag: Any, res: dict[str, Any]) -> dict[str, Any] | None:
+    """Model mode: the all-max plan and the lowest-energy plan no slower than it, both as
+    `lower()` runs them (predicted with its transfers and optimizer step, and simulated).
+    The no-slowdown plan is picked under that prediction (`energy_lowered.no_slowdown`):
+    transfer delays can lengthen a plan whose instruction DAG ties the all-max time. None for a
+    profile CSV."""
+    import numpy as np
+
+    from trainsim.search.energy_lowered import (
+        LoweredExtras,
+        all_max_freq,
+        frequency_plan,
+        no_slowdown,
+        replay_lowered,
+    )
+    from trainsim.workloads.lowering import lower
+    meta = dag.profile.metadata
+    if "plan" not in meta:
+        return None
+    spec, hw, plan = meta["model_spec"], meta["cluster"], meta["plan"]
+    top_freq = all_max_freq(dag)
+    try:
+        extras = LoweredExtras.from_program(
+            dag, lower(spec, hw, frequency_plan(dag, top_freq, plan)))
+    except SpecError as exc:
+        return {"note": str(exc)}
+    fastest = [p.freq_mhz for p in res["frontier"].points[::-1][:LOWERED_CANDIDATES]]
+    chosen = {"all_max": top_freq, "no_slowdown": no_slowdown(dag, fastest, extras)}
+    out: dict[str, Any] = {}
+    for key, freq in chosen.items():
+        check, _ = replay_lowered(dag, np.asarray(freq), spec, hw, plan, extras=extras,
+                                  check=False)
+        out[key] = {"predicted_time_s": check.predicted_time_s,
+                    "predicted_energy_j": check.predicted_energy_j,
+                    "simulated_time_s": check.replayed_time_s,
+                    "simulated_energy_j": check.replayed_energy_j,
+                    "plan": frequency_plan(dag, freq, plan)}
+    out["saving"] = 1.0 - (out["no_slowdown"]["simulated_energy_j"]
+                           / out["all_max"]["simulated_energy_j"])
+    return out
+
+
+def _lowered_json(lowered: dict[str, Any] | None) -> dict[str, Any] | None:
+    if lowered is None or "note" in lowered:
+        return lowered
+    return {k: ({f: v for f, v in d.items() if f != "plan"} if isinstance(d, dict) else d)
+            for k, d in lowered.items()}
+
+
+def _write_plans(out: Path, lowered: dict[str, Any] | None) -> None:
+    """Model mode: the lowered plans as ParallelPlan JSON (existing files were refused up
+    front by `_check_out` unless --force)."""
+    if lowered is None or "note" in lowered:
+        return
+    for key, name in PLAN_FILES.items():
+        lowered[key]["plan"].save(out / name, force=True)
+
+
 @app.command("frontier")
 def frontier_command(profile: Path = _PROFILE, microbatches: int = _MB, gpu: str = _GPU,
                      blocking_power_w: float = _PB, model: str = _MODEL, cluster: str = _CLUSTER,
@@ -143,9 +213,13 @@ def frontier_command(profile: Path = _PROFILE, microbatches: int = _MB, gpu: str
                     micro_batch_size)
         res = _run_frontier(dag, unit_s)
         summary = _summary(dag, res)
+        lowered = _lowered(dag, res)
+        if lowered is not None:
+            summary["lowered"] = _lowered_json(lowered)
         if out is not None:
             chosen = min(res["frontier"].points, key=lambda p: (p.time_s, p.energy_j))
             _write(out, dag, res, chosen, {"all_max": summary["all_max"]})
+            _write_plans(out, lowered)
     except TrainsimError as exc:
         _fail(str(exc))
         return
@@ -159,6 +233,16 @@ def frontier_command(profile: Path = _PROFILE, microbatches: int = _MB, gpu: str
                f"slowdown {summary['intrinsic_saving']:.1%}")
     for name, b in summary["baselines"].items():
         typer.echo(f"  {name:13s} {b['time_s']:.4f} s {b['energy_j']:.1f} J")
+    low = summary.get("lowered")
+    if low and "note" not in low:
+        for key in PLAN_FILES:
+            d = low[key]
+            typer.echo(f"lowered {key}: predicted {d['predicted_time_s']:.6f} s "
+                       f"{d['predicted_energy_j']:.3f} J, simulated {d['simulated_time_s']:.6f} "
+                       f"s {d['simulated_energy_j']:.3f} J")
+        typer.echo(f"lowered saving at no slowdown {low['saving']:.1%}")
+    elif low:
+        typer.echo(f"lowered: {low['note']}")
 
 
 @app.command("pick")

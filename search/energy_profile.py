@@ -196,56 +196,88 @@ def blocking_power_of(gpu_name: str) -> float:
 
 
 def profile_from_model(model: Any, cluster: Any, plan: Any, *,
-                       frequencies_mhz: Sequence[float] | None = None) -> EnergyProfile:
+                       frequencies_mhz: Sequence[float] | None = None,
+                       options: Any = None) -> EnergyProfile:
     """Options of every stage's forward and backward from trainsim's DVFS/power model.
 
-    The plan is prepared exactly as `workloads.lowering.lower` would (same stage partition,
-    placement and cost model) and each stage's forward and backward (recompute included) of the
-    first micro-batch shape is costed with `workloads.stage_costs.instruction_costs` on the GPU
-    of the stage's first rank at every clock of `frequencies_mhz` (default: every supported clock
-    of that GPU, `GpuSpec.frequencies_mhz()`); the roofline time scales with f_max/f in its
-    compute part only (hwmodels/opcost.py). Blocking power is that GPU's idle power.
+    The costs are those `workloads.lowering.lower` itself uses (`lowering.stage_layout`: same
+    stage partition, placement and cost model), at every clock of `frequencies_mhz` (default:
+    every supported clock of the stage's GPU, `GpuSpec.frequencies_mhz()`, which includes its
+    maximum). The roofline time scales with f_max/f in its compute part only
+    (hwmodels/opcost.py). A backward option is the backward plus the recompute before it,
+    which `lower` runs at the backward's clock (the recompute task of action "sBj").
+
+    Energies are per pipeline stage *as the engine counts it*: a folded program rank stands for
+    the stage's g = dp × tp GPUs (`SimResult.energy_j` counts it g times), so every option's
+    energy and the blocking power are g × the per-GPU values, and blocking power is the
+    cluster's idle power of the stage's GPU (`Cluster.idle_power_w`, what `lower` puts in
+    `Program.idle_power_w`). With that, `InstructionDag.evaluate` of a plan is exactly the
+    engine's energy rule on the program `lower` emits with `LoweringOptions(communication=
+    False, optimizer_step=False)` (search/energy_lowered.py adds the rest).
 
     Args:
         model: ModelSpec, zoo name or model file.
         cluster: Cluster or spec string.
-        plan: ParallelPlan or dict of its fields; one stage per rank (1F1B-style) only.
+        plan: ParallelPlan or dict of its fields; schedule "1f1b", one stage per rank.
+        frequencies_mhz: Clocks to profile (None: every supported clock of the GPU).
+        options: LoweringOptions for the cost path (cost model, embedding/head placement).
+
+    Raises:
+        SpecError: the plan is not a plain 1F1B pipeline, its micro-batches differ in shape,
+            or its stages differ in g × idle power (the planner has one blocking power).
     """
     from trainsim.simulator.simulate import resolve_cluster, resolve_model
-    from trainsim.workloads.lowering import LoweringOptions, _Lowering
+    from trainsim.workloads.lowering import stage_layout
     from trainsim.workloads.plan import ParallelPlan
 
     spec = resolve_model(model)
     hw = resolve_cluster(cluster)
     if isinstance(plan, dict):
         plan = ParallelPlan.build(spec, hw, **plan)
-    else:
-        plan.check(spec, hw)
-    if plan.virtual_stages != 1:
-        raise SpecError(f"plan.virtual_stages={plan.virtual_stages}: the energy planner handles "
-                        "one stage per pipeline rank (1F1B)")
-    low = _Lowering(spec, hw, plan, LoweringOptions())
-    mb_key = low._mb_key(0)
-    low.graph(low.micro_batches[0])
-    options: dict[tuple[int, str], InstructionOptions] = {}
-    gpus = []
+    if plan.virtual_stages != 1 or plan.schedule != "1f1b":
+        raise SpecError(f"plan.schedule={plan.schedule!r} with virtual_stages="
+                        f"{plan.virtual_stages}: the energy planner handles 1F1B with one "
+                        "stage per pipeline rank (schedule '1f1b', virtual_stages 1)")
+    first = hw.gpu(0)
+    freqs = tuple(sorted({float(f) for f in (frequencies_mhz or first.frequencies_mhz())},
+                         reverse=True))
+    layout = stage_layout(spec, hw, plan, freqs, options)
+    shapes = set(layout.micro_batch_shapes)
+    if len(shapes) != 1:
+        raise SpecError(f"plan micro-batches have shapes {sorted(shapes)} (batch, seq): the "
+                        "energy planner needs one shape (global_batch a multiple of "
+                        "micro_batch_size × dp)")
+    options_of: dict[tuple[int, str], InstructionOptions] = {}
+    weights: list[float] = []
     for stage in range(plan.pp):
-        gpu = hw.gpu(low.stage_gpu_ranks[stage][0])
-        gpus.append(gpu)
-        freqs = sorted(frequencies_mhz or gpu.frequencies_mhz(), reverse=True)
+        ranks = layout.stage_gpu_ranks[layout.stage_to_rank[stage]]
+        names = {hw.gpu(r).name for r in ranks}
+        if len(names) != 1:
+            raise SpecError(f"stage {stage} mixes GPU types {sorted(names)}: the energy "
+                            "planner needs one GPU type per stage")
+        gpu = hw.gpu(ranks[0])
+        if frequencies_mhz is None and gpu.name != first.name:
+            raise SpecError(f"stage {stage} runs on {gpu.name}, stage 0 on {first.name}: "
+                            "give frequencies_mhz both support")
+        g = float(len(ranks))
+        weights.append(g * float(hw.idle_power_w(ranks[0])))
         fwd, bwd = [], []
         for f in freqs:
-            c = low.costs(stage, mb_key, float(f))
-            fwd.append((c.forward.time_s, c.forward.energy_j))
+            c = layout.costs[(stage, f)]
+            fwd.append((c.forward.time_s, g * c.forward.energy_j))
             bwd.append((c.backward.time_s + c.recompute.time_s,
-                        c.backward.energy_j + c.recompute.energy_j))
+                        g * (c.backward.energy_j + c.recompute.energy_j)))
         for inst, pairs in (("forward", fwd), ("backward", bwd)):
-            options[(stage, inst)] = InstructionOptions(
+            options_of[(stage, inst)] = InstructionOptions(
                 freq_mhz=np.array(freqs, dtype=float),
                 time_s=np.array([p[0] for p in pairs]),
                 energy_j=np.array([p[1] for p in pairs]))
-    return EnergyProfile(num_stages=plan.pp, options=options,
-                         blocking_power_w=float(max(g.idle_power_w for g in gpus)),
-                         source=f"model:{spec.name}",
-                         metadata={"gpu": gpus[0].name, "model": spec.name,
-                                   "num_micro_batches": len(low.micro_batches)})
+    if max(weights) - min(weights) > 1e-9 * max(weights):
+        raise SpecError(f"stages draw different blocking power (GPUs x idle W = {weights}): "
+                        "the energy planner needs equal stages (no stage_gpus, one GPU type)")
+    return EnergyProfile(num_stages=plan.pp, options=options_of,
+                         blocking_power_w=weights[0], source=f"model:{spec.name}",
+                         metadata={"gpu": first.name, "model": spec.name,
+                                   "gpus_per_stage": len(layout.stage_gpu_ranks[0]),
+                                   "num_micro_batches": len(layout.micro_batch_shapes),
+                                   "plan": plan, "model_spec": spec, "cluster": hw})

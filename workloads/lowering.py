@@ -111,6 +111,49 @@ def lower(model: Any, cluster: Any, plan: ParallelPlan,
     return _Lowering(model, cluster, plan, options or LoweringOptions()).build()
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageLayout:
+    """How `lower` lays a plan out, and what each virtual stage's instructions cost: the
+    public view of the lowering's partition and cost path, for planners that must predict
+    exactly what `lower` emits (the energy planner, search/energy_profile.py)."""
+
+    stage_layers: tuple[tuple[int, ...], ...]
+    """Model-graph layer indices of each virtual stage."""
+    stage_to_rank: tuple[int, ...]
+    """Physical pipeline stage of each virtual stage."""
+    stage_gpu_ranks: tuple[tuple[int, ...], ...]
+    """Physical GPU ranks of each physical stage ([dp replica][tp index])."""
+    micro_batch_shapes: tuple[tuple[int, int], ...]
+    """(batch size, sequence length) of every micro-batch."""
+    folded: bool
+    """True when each physical stage is one program rank standing for all its GPUs."""
+    costs: dict[tuple[int, float | None], InstructionCosts]
+    """(virtual stage, SM clock MHz or None = the GPU's maximum) -> the costs `lower` uses
+    for that stage's instructions on the first micro-batch's shape."""
+
+
+def stage_layout(model: Any, cluster: Any, plan: ParallelPlan,
+                 freqs_mhz: tuple[float | None, ...] = (None,),
+                 options: LoweringOptions | None = None) -> StageLayout:
+    """The stage partition, placement and per-clock instruction costs `lower` would use.
+
+    Args:
+        model, cluster, plan: As for `lower` (the plan is checked).
+        freqs_mhz: SM clocks to cost every virtual stage at (None = the GPU's maximum).
+        options: Lowering options (the cost model, embedding/head placement, folding).
+    """
+    plan.check(model, cluster)
+    low = _Lowering(model, cluster, plan, options or LoweringOptions())
+    key = low._mb_key(0)
+    costs = {(k, f): low.costs(k, key, f) for k in range(plan.num_stages) for f in freqs_mhz}
+    return StageLayout(
+        stage_layers=tuple(tuple(s) for s in low.stage_layers),
+        stage_to_rank=tuple(low.stage_to_rank[k] for k in range(plan.num_stages)),
+        stage_gpu_ranks=tuple(tuple(r) for r in low.stage_gpu_ranks),
+        micro_batch_shapes=tuple((mb.batch_size, mb.seq_len) for mb in low.micro_batches),
+        folded=low.fold, costs=costs)
+
+
 class _Lowering:
     """The state of one lowering; `build()` returns the Program."""
 
