@@ -26,6 +26,7 @@ from functools import cache
 from typing import Any, Protocol
 
 import numpy as np
+
 from trainsim.errors import DataFileError, unknown_name
 from trainsim.hwmodels.datafiles import check_keys, load_json
 from trainsim.hwmodels.gpus import GpuSpec

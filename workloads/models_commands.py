@@ -61,6 +61,7 @@ def list_command() -> None:
     """List the zoo's models: name, family, parameters, layers, hidden size, heads."""
     from rich.console import Console
     from rich.table import Table
+
     from trainsim.workloads.zoo import get_model, list_models
 
     table = Table(title="trainsim model zoo")
@@ -136,6 +137,7 @@ def _render(spec: Any, summary: dict[str, Any], micro_batch: int, seq_len: int |
     from rich.console import Console, Group
     from rich.panel import Panel
     from rich.table import Table
+
     from trainsim.workloads.model import build_graph
 
     facts = Table.grid(padding=(0, 2))

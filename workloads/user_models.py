@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from trainsim.errors import DataFileError
 from trainsim.workloads.model import ModelSpec
 

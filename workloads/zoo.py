@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
+
 from trainsim.errors import DataFileError, unknown_name
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.user_models import load_user_model, spec_from_mapping

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from trainsim.errors import DataFileError, SpecError, UnknownNameError
 from trainsim.hwmodels.cluster import parse_cluster
 

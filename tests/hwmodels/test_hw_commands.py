@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
 from trainsim.cli import app, main
 from trainsim.errors import DataFileError, SpecError, UnknownNameError
-from typer.testing import CliRunner
 
 RUNNER = CliRunner()
 

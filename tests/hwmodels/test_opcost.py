@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from trainsim.errors import UnknownNameError
 from trainsim.hwmodels.gpus import get_gpu, list_gpus
 from trainsim.hwmodels.opcost import OpCostModel, OpEstimate, RooflineCostModel

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from trainsim.hwmodels.gpus import get_gpu, list_gpus
 from trainsim.hwmodels.power import power_model, power_w, scaled_time_s
 

@@ -7,6 +7,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from trainsim.errors import SpecError
 from trainsim.simulator.actions import (
     Action,

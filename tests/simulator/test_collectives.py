@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import pytest
+
 from trainsim.errors import SpecError, UnknownNameError
 from trainsim.simulator.collectives import (
     CommPhase,

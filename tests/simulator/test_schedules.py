@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from trainsim.errors import SpecError, UnknownNameError
 from trainsim.simulator.actions import Action, read_schedule_csv, validate_schedule
 from trainsim.simulator.schedules import (

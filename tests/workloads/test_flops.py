@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from trainsim.workloads.model import build_graph
 from trainsim.workloads.ops import column_shardings, matmul_op, row_shardings
 from trainsim.workloads.zoo import get_model

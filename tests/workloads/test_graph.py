@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from trainsim.workloads.model import ModelSpec, build_graph
 from trainsim.workloads.ops import Op
 from trainsim.workloads.zoo import get_model, list_models

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
 from trainsim.cli import app, main
 from trainsim.workloads.zoo import get_model, list_models
-from typer.testing import CliRunner
 
 runner = CliRunner()
 

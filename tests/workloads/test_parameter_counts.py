@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from trainsim.workloads.zoo import get_model
 
 

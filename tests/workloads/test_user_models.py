@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from trainsim.errors import DataFileError, UnknownNameError
 from trainsim.workloads.zoo import get_model
 
