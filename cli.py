@@ -8,6 +8,7 @@ Heavy imports (numba, pandas, plotly) happen inside commands so `sim --help` sta
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -43,12 +44,18 @@ def fail(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turning user errors into exit code 2."""
+    if not sys.stdout.isatty():
+        # Piped output: rich would fall back to 80 columns and cut names ("A10…"); widen it.
+        os.environ.setdefault("COLUMNS", "200")
     try:
         app(args=argv, standalone_mode=True)
     except TrainsimError as exc:
         fail(str(exc))
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         fail(f"{exc.strerror}: {exc.filename}")
+    except UnicodeDecodeError as exc:
+        # A binary or wrongly encoded input file: readers open text as UTF-8.
+        fail(f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start})")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -23,6 +23,7 @@ Only ``gpu``, ``nodes`` and ``gpus_per_node`` are required.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,11 @@ _PART = re.compile(
     r"^(?:(?P<nodes>\d+)x)?(?P<gpus>\d+)x(?P<gpu>[A-Za-z][A-Za-z.\-]*[0-9][A-Za-z0-9.\-]*)(?:@(?P<node>[A-Za-z0-9._\-]+))?$"
 )
 _SPEC_FORM = "[NODES x] GPUS_PER_NODE x GPU_TYPE [@NODE_TYPE], parts joined by '+'"
+
+
+MAX_GPUS = 131_072
+"""Largest cluster accepted (16× the 10,240-GPU benchmark); beyond it the per-GPU link tables
+alone would take minutes and gigabytes to build."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,9 +89,9 @@ class NodeGroup:
             raise SpecError(
                 f"node group {self.gpu.name}: nics_per_node={self.nics_per_node} must be >= 1"
             )
-        if self.price_per_gpu_hour_usd < 0:
+        if not math.isfinite(self.price_per_gpu_hour_usd) or self.price_per_gpu_hour_usd < 0:
             raise SpecError(
-                f"node group {self.gpu.name}: price_per_gpu_hour_usd={self.price_per_gpu_hour_usd} must be >= 0"
+                f"node group {self.gpu.name}: price_per_gpu_hour_usd={self.price_per_gpu_hour_usd} must be a finite number >= 0"
             )
 
     @property
@@ -308,7 +314,13 @@ def parse_cluster_spec(spec: str) -> Cluster:
         gpus = int(match["gpus"])
         if nodes < 1 or gpus < 1:
             raise SpecError(f"cluster spec {spec!r}: part {part!r} needs nodes >= 1 and GPUs >= 1")
+        if nodes * gpus > MAX_GPUS:
+            raise SpecError(f"cluster spec {spec!r}: part {part!r} has {nodes * gpus} GPUs, more "
+                            f"than the {MAX_GPUS} trainsim simulates")
         groups.append(make_node_group(match["gpu"], nodes, gpus, node_type=match["node"]))
+    if sum(g.num_gpus for g in groups) > MAX_GPUS:
+        raise SpecError(f"cluster spec {spec!r} has more than the {MAX_GPUS} GPUs trainsim "
+                        f"simulates")
     return Cluster(node_groups=tuple(groups))
 
 
@@ -352,6 +364,14 @@ def cluster_from_dict(data: Any, where: str = "cluster") -> Cluster:
         if price is not None and (isinstance(price, bool) or not isinstance(price, int | float)):
             raise DataFileError(f"{gw}: field price_per_gpu_hour_usd={price!r} is not a number")
         nics = raw.get("nics_per_node", inter.get("nics_per_node"))
+        for key in ("node_type", "nic"):
+            value = raw.get(key, inter.get(key) if key == "nic" else None)
+            if value is not None and not isinstance(value, str):
+                raise DataFileError(f"{gw}: field {key}={value!r} must be a name (a string)")
+        total = _int_field(gw, "nodes", raw["nodes"]) * _int_field(gw, "gpus_per_node",
+                                                                     raw["gpus_per_node"])
+        if total > MAX_GPUS:
+            raise DataFileError(f"{gw}: {total} GPUs exceeds the {MAX_GPUS} trainsim simulates")
         try:
             groups.append(
                 make_node_group(

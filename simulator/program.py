@@ -278,12 +278,14 @@ class Program:
     def validate(self, *, check_cycles: bool = True) -> None:
         """Check cross-task consistency, raising SimulationError naming the first bad task.
 
-        Checks member ranks in range, dep indices in range and not self, and links known. With
-        `check_cycles`, also rejects a cycle in the dependency graph (engines skip that and report
-        every deadlock, including dep cycles, with the stuck ranks instead).
+        Checks every task's own fields again (tasks made by `trusted_task` skipped that), member
+        ranks in range, dep indices in range and not self, and links known. With `check_cycles`,
+        also rejects a cycle in the dependency graph (engines skip that and report every
+        deadlock, including dep cycles, with the stuck ranks instead).
         """
         n_tasks = len(self.tasks)
         for tid, task in enumerate(self.tasks):
+            Task.__post_init__(task)
             for rank in task.ranks:
                 if rank >= self.num_ranks:
                     raise SimulationError(

@@ -37,11 +37,15 @@ def default_degrees(gpus: int, blocks: int, dp: int | None, tp: int | None,
                     pp: int | None) -> tuple[int, int, int]:
     """Fill unset degrees: with none given, a pipeline over every GPU when the model has enough
     layers (else data parallelism); otherwise tp and pp default to 1 and dp takes the rest."""
+    for flag, value in (("--dp", dp), ("--tp", tp), ("--pp", pp)):
+        if value is not None and value < 1:
+            raise PlanError(f"{flag}={value} must be a positive integer")
     if dp is None and tp is None and pp is None:
         if 1 < gpus <= blocks:
             return 1, 1, gpus
         return gpus, 1, 1
-    tp, pp = tp or 1, pp or 1
+    tp = 1 if tp is None else tp
+    pp = 1 if pp is None else pp
     if dp is None:
         if gpus % (tp * pp):
             raise PlanError(f"plan tp×pp = {tp}×{pp} does not divide the cluster's {gpus} GPUs; "
@@ -179,7 +183,7 @@ def _render(result: Any, model: str, cluster: str, plan: Any, timeline: Path | N
     rows = [("iteration time", f"{s['iteration_time_s']:.4g} s"),
             ("throughput", f"{s['samples_per_s']:.4g} samples/s, {s['tokens_per_s']:.4g} tokens/s"),
             ("model FLOPs utilisation", f"{100 * s['mfu']:.1f} %" if s["mfu"] else "-"),
-            ("pipeline bubble (max rank)", f"{100 * s['bubble_fraction']:.1f} %"),
+            ("compute idle: bubble + waits (max rank)", f"{100 * s['bubble_fraction']:.1f} %"),
             ("peak memory (max rank)", f"{s['peak_memory_bytes'] / 2**30:.2f} GiB"
              + ("  [red]OOM[/red]" if s["oom"] else "")),
             ("energy per iteration", f"{s['energy_j'] / 1e3:.4g} kJ"),

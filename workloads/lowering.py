@@ -251,9 +251,31 @@ class _Lowering(LoweringLayout):
                                 kind=kind_of(pairs), stream="ep", last=last, meta=meta)
 
     def _zero3_bytes(self, phys: int, c: InstructionCosts) -> float:
-        """Bytes a rank gathers (the parameters it does not own) before a ZeRO-3 pass."""
+        """Gathered-parameter bytes a rank holds during a ZeRO-3 pass.
+
+        The whole stage's parameters cross the network, but ZeRO-3 gathers them module by module
+        and frees each after use, prefetching the next (Rajbhandari et al. 2020, §5.3; DeepSpeed's
+        prefetch bucket): at most about two layers' gathered weights are resident at once, never
+        more than the stage's. The shard a rank owns is already in its static memory.
+        """
         dp = self.plan.dp_of_stage(phys)
-        return c.params * optimizer_bytes_per_param(self.plan.dtype)[0] * (dp - 1) / dp
+        weight_bytes = optimizer_bytes_per_param(self.plan.dtype)[0]
+        stage_bytes = c.params * weight_bytes
+        layer_bytes = self._largest_layer_params(phys) * weight_bytes
+        return min(stage_bytes, 2 * layer_bytes) * (dp - 1) / dp
+
+    def _largest_layer_params(self, phys: int) -> float:
+        """Parameters per GPU of the largest layer on physical stage `phys`."""
+        cache = self.__dict__.setdefault("_largest_layer_cache", {})
+        if phys not in cache:
+            graph = self.graph(self.micro_batches[0])
+            tp = self.plan.tp_of_stage(phys)
+            cache[phys] = max(
+                (sum(op.params for op in graph.layers[i].sharded_ops(tp, self.plan.sp,
+                                                                      self.plan.ep))
+                 for k in self.stage_layers_idx(phys) for i in self.stage_layers[k]),
+                default=0)
+        return cache[phys]
 
     def _zero3_gather(self, a: Action, phys: int, c: InstructionCosts, meta: dict[str, Any]
                       ) -> dict[int, list[int]] | None:

@@ -6,14 +6,19 @@ recompute policy, ZeRO stage 0–3, ...) and everything that needs the model and
 `check(model, cluster)`: degrees versus GPU count and head count, the stage partition versus the
 number of layers, frequencies versus the GPU's clock range, placement versus node groups.
 `ParallelPlan.build(model, cluster, **fields)` does both, so an impossible plan fails where it
-is made, with a message that names the field, the value and what would be valid.
+is made, with a message that names the field, the value and what would be valid. Plans come from
+hand-written JSON, so every field is type-checked first (an integer that is not a bool, a number
+of MHz, a string, a list of the right elements): a wrong type is a PlanError naming
+`plan.<field>` and the value, never a TypeError from deep inside a check.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+import math
+import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,15 +42,78 @@ class MicroBatch:
     """Sequence length of this micro-batch's samples (padded to the longest)."""
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise PlanError(f"plan.micro_batches: batch_size={self.batch_size} must be >= 1")
-        if self.seq_len < 1:
-            raise PlanError(f"plan.micro_batches: seq_len={self.seq_len} must be >= 1")
+        for name in ("batch_size", "seq_len"):
+            object.__setattr__(self, name, _int(f"micro_batches: {name}", getattr(self, name),
+                                                 "a positive integer", minimum=1))
 
 
-def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise PlanError(f"plan.{name}={value!r} must be a positive integer")
+_NOT_LISTS = (str, bytes, Mapping, set, frozenset)
+
+
+def _int(name: str, value: Any, expected: str = "a positive integer",
+         minimum: int | None = 1) -> int:
+    """`value` as an int (bools and floats are refused), at least `minimum`, else a PlanError."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+            and (minimum is None or int(value) >= minimum):
+        return int(value)
+    raise PlanError(f"plan.{name}={value!r} must be {expected}")
+
+
+def _mhz(name: str, value: Any) -> float:
+    """A positive, finite frequency in MHz (int or float; bools and strings are refused)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) \
+            and math.isfinite(value) and value > 0:
+        return value if type(value) in (int, float) else float(value)
+    raise PlanError(f"plan.{name}={value!r} must be a positive frequency in MHz, e.g. 1200")
+
+
+def _text(name: str, value: Any, expected: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise PlanError(f"plan.{name}={value!r} must be {expected}")
+
+
+def _items(name: str, value: Any, expected: str) -> tuple[Any, ...]:
+    """A list/tuple (any ordered iterable but a string or a mapping) as a tuple."""
+    if isinstance(value, _NOT_LISTS) or not isinstance(value, Iterable):
+        raise PlanError(f"plan.{name}={value!r} must be {expected}")
+    return tuple(value)
+
+
+def _pairs(name: str, value: Any, expected: str) -> tuple[tuple[str, Any], ...]:
+    """A mapping, or a list of [key, value] lists, as (key, value) pairs; later keys win."""
+    if isinstance(value, Mapping):
+        items = tuple(value.items())
+    else:
+        items = _items(name, value, expected)
+        if not all(isinstance(p, list | tuple) and len(p) == 2 for p in items):
+            raise PlanError(f"plan.{name}={value!r} must be {expected}")
+    for key, _ in items:
+        if not isinstance(key, str):
+            raise PlanError(f"plan.{name}={value!r}: key {key!r} is not a string; "
+                            f"plan.{name} must be {expected}")
+    return tuple(dict(items).items())
+
+
+def _micro_batch(index: int, value: Any) -> MicroBatch:
+    """One explicit micro-batch from a MicroBatch or a {"batch_size", "seq_len"} mapping."""
+    if isinstance(value, MicroBatch):
+        return value
+    name = f"micro_batches[{index}]"
+    if not isinstance(value, Mapping) or set(value) != {"batch_size", "seq_len"}:
+        raise PlanError(f'plan.{name}={value!r} must be {{"batch_size": <int>, '
+                        f'"seq_len": <int>}}')
+    for key in ("batch_size", "seq_len"):
+        _int(f"{name}.{key}", value[key])
+    return MicroBatch(batch_size=value["batch_size"], seq_len=value["seq_len"])
+
+
+def _names(name: str, value: Any) -> tuple[str, ...]:
+    """A non-string list of op names."""
+    names = _items(name, value, "none, selective, full or a list of op names")
+    for i, n in enumerate(names):
+        _text(f"{name}[{i}]", n, "an op name (a string)")
+    return names
 
 
 def normalise_schedule(name: str) -> str:
@@ -121,23 +189,19 @@ class ParallelPlan:
     """Compute precision: fp16, bf16 or fp32."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "ep", "micro_batch_size", "virtual_stages"):
-            _positive(name, getattr(self, name))
-        if self.global_batch is not None:
-            _positive("global_batch", self.global_batch)
-        if self.num_micro_batches is not None:
-            _positive("num_micro_batches", self.num_micro_batches)
-        if self.seq_len is not None:
-            _positive("seq_len", self.seq_len)
-        object.__setattr__(self, "schedule", normalise_schedule(self.schedule))
-        if self.micro_batches is not None:
-            mbs = tuple(m if isinstance(m, MicroBatch) else MicroBatch(**dict(m))
-                        for m in self.micro_batches)
-            if not mbs:
-                raise PlanError("plan.micro_batches is empty; give at least one micro-batch")
-            object.__setattr__(self, "micro_batches", mbs)
+        self._check_types()
+        if self.schedule == "interleaved" and self.virtual_stages == 1:
+            raise PlanError("plan.schedule='interleaved' with plan.virtual_stages=1 is plain 1F1B; "
+                            "give virtual_stages >= 2 (model chunks per pipeline rank) or use "
+                            "schedule '1f1b'")
+        if self.micro_batches is not None and not self.micro_batches:
+            raise PlanError("plan.micro_batches is empty; give at least one micro-batch")
         self._check_counts()
-        self._check_recompute()
+        if isinstance(self.recompute, str) and self.recompute not in RECOMPUTE_POLICIES:
+            raise PlanError(f"plan.recompute={self.recompute!r} must be one of "
+                            f"{', '.join(RECOMPUTE_POLICIES)} or a list of op names")
+        if self.recompute == ():
+            raise PlanError("plan.recompute is an empty op list; use 'none' instead")
         if self.zero not in (0, 1, 2, 3):
             raise PlanError(f"plan.zero={self.zero!r} must be 0, 1, 2 or 3")
         if self.dtype not in ("fp16", "bf16", "fp32"):
@@ -148,17 +212,74 @@ class ParallelPlan:
                             f"'interleaved', 'explicit' or a torch schedule, not {self.schedule!r}")
         if self.schedule == "explicit" and self.order is None:
             raise PlanError("plan.schedule='explicit' needs plan.order (per-rank action lists)")
-        if self.order is not None:
-            order = tuple(tuple(str(a) for a in rank_order) for rank_order in self.order)
-            if len(order) != self.pp:
-                raise PlanError(f"plan.order has {len(order)} rank lists but plan.pp={self.pp}")
-            object.__setattr__(self, "order", order)
+        if self.order is not None and len(self.order) != self.pp:
+            raise PlanError(f"plan.order has {len(self.order)} rank lists but plan.pp={self.pp}")
         self._check_frequencies()
         self._check_stage_fields()
-        object.__setattr__(self, "op_tp", tuple((str(k), int(v)) for k, v in
-                                                (dict(self.op_tp).items())))
-        for op_name, degree in self.op_tp:
-            _positive(f"op_tp[{op_name!r}]", degree)
+
+    def _check_types(self) -> None:
+        """Normalise every field to its declared type, or raise a PlanError naming it.
+
+        Runs first, so the value checks after it compare ints with ints and never raise a
+        TypeError: `"tp": "two"`, `"tp": 2.5`, `"sp": "yes"` or `"freq_mhz": "fast"` in a plan
+        file are user errors like any other.
+        """
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        for name in ("dp", "tp", "pp", "ep", "micro_batch_size", "virtual_stages"):
+            put(name, _int(name, getattr(self, name)))
+        put("zero", _int("zero", self.zero, "0, 1, 2 or 3", minimum=0))
+        for name in ("global_batch", "num_micro_batches", "seq_len"):
+            if getattr(self, name) is not None:
+                put(name, _int(name, getattr(self, name)))
+        if not isinstance(self.sp, bool):
+            raise PlanError(f"plan.sp={self.sp!r} must be true or false")
+        put("schedule", normalise_schedule(_text(
+            "schedule", self.schedule, f"a schedule name ({', '.join(SCHEDULES)} or "
+            f"torch:<ScheduleClass>)")))
+        _text("dtype", self.dtype, "fp16, bf16 or fp32")
+        if not isinstance(self.recompute, str):
+            put("recompute", _names("recompute", self.recompute))
+        if self.freq_mhz is not None:
+            put("freq_mhz", _mhz("freq_mhz", self.freq_mhz))
+        lists = {"stage_layers": ("integer", "layers per (virtual) stage", None),
+                 "stage_tp": ("positive integer", "tensor-parallel degree per stage", 1),
+                 "stage_gpus": ("positive integer", "GPUs per stage", 1),
+                 "placement": ("integer", "node-group index per stage", None)}
+        for name, (kind, what, minimum) in lists.items():
+            if getattr(self, name) is None:
+                continue
+            items = _items(name, getattr(self, name), f"a list of {kind}s, one {what}")
+            put(name, tuple(_int(f"{name}[{i}]", v, f"a {kind} ({what})", minimum)
+                            for i, v in enumerate(items)))
+        if self.stage_freq_mhz is not None:
+            freqs = _items("stage_freq_mhz", self.stage_freq_mhz, "a list of MHz, one per stage")
+            put("stage_freq_mhz", tuple(float(_mhz(f"stage_freq_mhz[{i}]", f))
+                                        for i, f in enumerate(freqs)))
+        if self.micro_batches is not None:
+            put("micro_batches", tuple(_micro_batch(i, m) for i, m in enumerate(_items(
+                "micro_batches", self.micro_batches,
+                'a list of {"batch_size": ..., "seq_len": ...} objects'))))
+        if self.stage_recompute is not None:
+            policies = _items("stage_recompute", self.stage_recompute,
+                              "a list with one recompute policy per stage")
+            put("stage_recompute", tuple(
+                rc if isinstance(rc, str) else (_names(f"stage_recompute[{s}]", rc) or "none")
+                for s, rc in enumerate(policies)))
+        op_tp = _pairs("op_tp", self.op_tp, 'a map from op name to tensor-parallel degree, '
+                       'e.g. {"attn.qkv": 2}')
+        put("op_tp", tuple((k, _int(f"op_tp[{k!r}]", v)) for k, v in op_tp))
+        freqs = _pairs("instruction_freq_mhz", self.instruction_freq_mhz,
+                       'a map from action to MHz, e.g. {"0F0": 1100}')
+        put("instruction_freq_mhz", tuple(
+            (k, float(_mhz(f"instruction_freq_mhz[{k!r}]", v))) for k, v in freqs))
+        if self.order is not None:
+            expected = 'a list of per-rank action lists, e.g. [["0F0", "0B0"], ["1F0", "1B0"]]'
+            ranks = _items("order", self.order, expected)
+            put("order", tuple(tuple(_text(f"order[{r}][{i}]", a, 'an action like "0F0"')
+                                     for i, a in enumerate(_items(f"order[{r}]", acts, expected)))
+                               for r, acts in enumerate(ranks)))
 
     # ----------------------------------------------------------------- self-consistency
     def _check_counts(self) -> None:
