@@ -33,7 +33,9 @@ _PP = typer.Option(1, "--pp", help="Pipeline stages (model mode).")
 _TP = typer.Option(1, "--tp", help="Tensor-parallel degree (model mode).")
 _DP = typer.Option(1, "--dp", help="Data-parallel degree (model mode).")
 _MBS = typer.Option(1, "--micro-batch-size", help="Samples per micro-batch (model mode).")
-_UNIT = typer.Option(1e-3, "--unit-s", help="Time quantum of the crashing steps (s).")
+_UNIT = typer.Option(1e-3, "--unit-s", help="Time quantum of the crashing steps (s); default "
+                     "1e-3 (Perseus/Lowtime's 1 ms). The steps grow as 1/unit: a larger unit "
+                     "is proportionally faster and coarser.")
 _OUT = typer.Option(None, "--out", help="Directory for plans.json and frontier.html.")
 _FORCE = typer.Option(False, "--force", help="Overwrite existing outputs.")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
@@ -41,6 +43,11 @@ _JSON = typer.Option(False, "--json", help="Print one JSON object.")
 
 #: Fastest frontier plans tried (as is and tightened) for the lowered no-slowdown plan.
 LOWERED_CANDIDATES: int = 8
+
+#: Crashing work (steps × DAG instructions) above which `frontier`/`pick` print a hint to use a
+#: larger --unit-s: each step is a max flow over the DAG, about 2·10^6 instruction-steps per
+#: second on one core (2 stages × 3000 micro-batches, 1.4·10^8 of them: about a minute).
+LARGE_WORK: float = 5e7
 
 #: Plan files written in model mode: summary key -> file name.
 PLAN_FILES: dict[str, str] = {"all_max": "plan_all_max.json",
@@ -88,6 +95,9 @@ def _load(profile: Path | None, microbatches: int | None, gpu: str | None,
 def _check_out(out: Path | None, force: bool) -> None:
     if out is None:
         return
+    if out.exists() and not out.is_dir():
+        raise SpecError(f"--out {str(out)!r} is an existing file; give a folder for "
+                        f"plans.json and frontier.html")
     for name in ("plans.json", "frontier.html", *PLAN_FILES.values()):
         if (out / name).exists() and not force:
             raise SpecError(f"{out / name} exists; pass --force to overwrite it")
@@ -101,10 +111,70 @@ def _plan_json(dag: Any, point: Any) -> dict[str, Any]:
     return {"time_s": point.time_s, "energy_j": point.energy_j, "ranks": ranks}
 
 
+def _dumps(doc: Any, indent: int | None = None) -> str:
+    """Strict JSON: a non-finite number (never expected: inputs are checked) becomes null
+    rather than the invalid tokens NaN/Infinity."""
+    import math
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(doc), indent=indent, allow_nan=False)
+
+
+def _hint(steps: int, nodes: int, unit_s: float) -> str | None:
+    """One line suggesting a larger --unit-s when the crashing work is large, else None."""
+    if steps * nodes <= LARGE_WORK:
+        return None
+    return (f"hint: about {steps} crashing steps over {nodes} instructions (may take "
+            f"minutes); a larger --unit-s (now {unit_s:g} s) needs proportionally fewer steps")
+
+
+def _compute_with_progress(dag: Any, unit_s: float) -> Any:
+    """`compute_frontier` with a rich progress bar on stderr (crashing steps as the total)
+    and, for a large DAG × step count, a hint line on stderr before the work starts."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from trainsim.search.energy_frontier import compute_frontier
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("frontier"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("steps"), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as bar:
+        job = bar.add_task("crash", total=None)
+
+        def tick(step: Any) -> None:
+            if step.iteration == 0:
+                total = max(step.makespan_units - step.final_makespan_units, 1)
+                hint = _hint(total, dag.num_nodes, unit_s)
+                if hint is not None:
+                    typer.echo(hint, err=True)
+                bar.update(job, total=total)
+            bar.update(job, completed=step.iteration)
+
+        return compute_frontier(dag, unit_s=unit_s, on_step=tick)
+
+
 def _run_frontier(dag: Any, unit_s: float) -> dict[str, Any]:
     from trainsim.search.energy_baselines import all_baselines
-    from trainsim.search.energy_frontier import compute_frontier, energy_at
-    fr = compute_frontier(dag, unit_s=unit_s)
+    from trainsim.search.energy_frontier import energy_at
+    if not (unit_s > 0 and unit_s < float("inf")):
+        raise SpecError(f"--unit-s {unit_s!r} must be a finite number of seconds > 0")
+    fr = _compute_with_progress(dag, unit_s)
     baselines = all_baselines(dag, unit_s=unit_s)
     top = baselines[0].point
     e0 = energy_at(fr.points, top.time_s, dag.profile.blocking_power_w, dag.num_stages)
@@ -119,7 +189,7 @@ def _write(out: Path, dag: Any, res: dict[str, Any], chosen: Any, extra: dict[st
            "num_micro_batches": dag.num_micro_batches,
            "blocking_power_w": dag.profile.blocking_power_w, **extra,
            "plans": [_plan_json(dag, p) for p in res["frontier"].points]}
-    (out / "plans.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "plans.json").write_text(_dumps(doc, indent=1) + "\n")
     fig = frontier_figure(dag, res["frontier"].points, res["baselines"], chosen,
                           title=f"{Path(dag.profile.source).name}, "
                                 f"{dag.num_micro_batches} micro-batches")
@@ -224,7 +294,7 @@ def frontier_command(profile: Path = _PROFILE, microbatches: int = _MB, gpu: str
         _fail(str(exc))
         return
     if as_json:
-        typer.echo(json.dumps(summary))
+        typer.echo(_dumps(summary))
         return
     top = res["all_max"]
     typer.echo(f"{dag.num_stages} stages x {dag.num_micro_batches} micro-batches, "
@@ -277,7 +347,7 @@ def pick_command(straggler: float = typer.Option(None, "--straggler",
         _fail(str(exc))
         return
     if as_json:
-        typer.echo(json.dumps(summary))
+        typer.echo(_dumps(summary))
         return
     typer.echo(f"T' = {choice.deadline_s:.4f} s ({choice.slowdown:.3f} x all-max): plan "
                f"{choice.point.time_s:.4f} s, {choice.energy_j:.1f} J incl. waiting; all-max "

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -410,6 +410,9 @@ class FrontierStep:
     """Effective-energy increase of the step (the min-cut value)."""
     point: FrontierPoint
     """The step's plan, evaluated exactly."""
+    final_makespan_units: int = 0
+    """Quantised makespan of the all-fastest plan, where crashing ends: the search takes about
+    `makespan_units − final_makespan_units` more steps (progress bars)."""
 
 
 class _Compiled:
@@ -453,6 +456,12 @@ class _Compiled:
 
     def slowest(self) -> np.ndarray:
         return self.qmax[self.block].copy()
+
+    def fastest_units(self) -> int:
+        """Quantised makespan (units) with every instruction at its fastest option."""
+        dag = self.dag
+        q = self.qmin[self.block].astype(float)
+        return round(float(finish_times_kernel(q, dag.pred_ptr, dag.pred_idx).max()))
 
     def polish(self, point: FrontierPoint) -> FrontierPoint:
         """`point` with every instruction slowed into its real slack (`_polish_kernel`)."""
@@ -540,9 +549,10 @@ def frontier_steps(dag: InstructionDag, *, unit_s: float = DEFAULT_UNIT_S,
         raise SpecError(f"unit_s={unit_s!r} must be > 0")
     comp = _Compiled(dag, unit_s, min_saving_w)
     d = comp.slowest()
+    final = comp.fastest_units()
     start = comp.points(d[None, :])[0]
     yield FrontierStep(iteration=0, makespan_units=round(start.quant_time_s / unit_s),
-                       cost_change_j=0.0, point=start)
+                       cost_change_j=0.0, point=start, final_makespan_units=final)
     iteration = 0
     done = False
     while not done and (max_steps is None or iteration < max_steps):
@@ -552,7 +562,8 @@ def frontier_steps(dag: InstructionDag, *, unit_s: float = DEFAULT_UNIT_S,
             iteration += 1
             yield FrontierStep(iteration=iteration,
                                makespan_units=round(point.quant_time_s / unit_s),
-                               cost_change_j=float(change), point=point)
+                               cost_change_j=float(change), point=point,
+                               final_makespan_units=final)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -581,7 +592,8 @@ def pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
 
 
 def compute_frontier(dag: InstructionDag, *, unit_s: float = DEFAULT_UNIT_S,
-                     polish: bool = True) -> Frontier:
+                     polish: bool = True,
+                     on_step: Callable[[FrontierStep], None] | None = None) -> Frontier:
     """The frontier: crashing steps, each plan polished into its slack, Pareto-filtered.
 
     With `polish` (default) the crashing runs on options down to each instruction's raw-energy
@@ -591,12 +603,17 @@ def compute_frontier(dag: InstructionDag, *, unit_s: float = DEFAULT_UNIT_S,
     crashing through them one unit at a time. Without it, crashing starts from every
     instruction's effective-energy minimum (exact for the convexified model, slower). The
     all-max plan and the fastest plans tightened to the all-max time are added so that a plan
-    with no slowdown always exists.
+    with no slowdown always exists. `on_step` sees every crashing step as it is made (a
+    progress bar on a long run: the number of steps grows with the micro-batches × 1/unit_s).
     """
     start = time.perf_counter()
     p_block = dag.profile.blocking_power_w
     cut = p_block if polish else 0.0
-    steps = [s.point for s in frontier_steps(dag, unit_s=unit_s, min_saving_w=cut)]
+    steps = []
+    for step in frontier_steps(dag, unit_s=unit_s, min_saving_w=cut):
+        if on_step is not None:
+            on_step(step)
+        steps.append(step.point)
     from trainsim.search.energy_baselines import all_max, tighten
     top = all_max(dag, unit_s=unit_s)
     extra = [tighten(dag, p.freq_mhz, top.time_s, unit_s=unit_s) for p in steps

@@ -8,6 +8,7 @@ finishes at T_max and waits T′ − T_max; the saving is measured against that.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trainsim.errors import SpecError
@@ -41,16 +42,22 @@ def pick(points: list[FrontierPoint], all_max: FrontierPoint, *, blocking_power_
     """Lowest-energy plan finishing by T′ (= slowdown × T_allmax, or `deadline_s`).
 
     Raises:
-        SpecError: neither or both of slowdown/deadline_s, or T′ below the all-max time.
+        SpecError: neither or both of slowdown/deadline_s, a slowdown that is not a finite
+            number >= 1, a deadline that is not a finite number > 0, or T′ below the all-max
+            time.
     """
     if (slowdown is None) == (deadline_s is None):
         raise SpecError("give exactly one of --straggler (slowdown factor) and --deadline-s")
     if slowdown is not None:
-        if not slowdown >= 1.0:
-            raise SpecError(f"straggler slowdown={slowdown!r} must be >= 1.0")
+        # `not x >= 1` also refuses NaN; an infinite T′ makes every energy infinite.
+        if not (math.isfinite(slowdown) and slowdown >= 1.0):
+            raise SpecError(f"--straggler slowdown={slowdown!r} must be a finite number >= 1.0")
         deadline = slowdown * all_max.time_s
     else:
         deadline = float(deadline_s)  # type: ignore[arg-type]
+        if not (math.isfinite(deadline) and deadline > 0):
+            raise SpecError(f"--deadline-s {deadline_s!r} must be a finite number of seconds "
+                            f"> 0")
         if not deadline >= all_max.time_s * (1 - 1e-12):
             raise SpecError(f"deadline_s={deadline_s!r} is below the all-max iteration time "
                             f"{all_max.time_s:.6g} s: no plan is that fast")

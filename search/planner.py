@@ -91,15 +91,21 @@ class SearchRecord:
     plan: ParallelPlan | None = field(default=None, compare=False)
     """The checked plan (None when it did not build)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """A flat log row (no plan body: `SearchResult.ranked` carries the plans)."""
+    def to_dict(self, *, timing: bool = True) -> dict[str, Any]:
+        """A flat log row (no plan body: `SearchResult.ranked` carries the plans).
+
+        `timing=False` leaves out the wall-clock `elapsed_s`, so that a log written to a file
+        is byte-identical across identical searches.
+        """
         s = self.summary
-        return {"step": self.step, "elapsed_s": round(self.elapsed_s, 6), "note": self.note,
-                "fits": self.fits, "improved": self.improved,
-                "samples_per_s": s.samples_per_s,
-                "iteration_time_s": None if math.isinf(s.iteration_time_s)
-                else s.iteration_time_s,
-                "peak_memory_bytes": s.peak_memory_bytes, "error": s.error}
+        row: dict[str, Any] = {"step": self.step, "note": self.note, "fits": self.fits,
+                               "improved": self.improved, "samples_per_s": s.samples_per_s,
+                               "iteration_time_s": None if math.isinf(s.iteration_time_s)
+                               else s.iteration_time_s,
+                               "peak_memory_bytes": s.peak_memory_bytes, "error": s.error}
+        if timing:
+            row["elapsed_s"] = round(self.elapsed_s, 6)
+        return row
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,6 +131,23 @@ class SearchResult:
     def best(self) -> SearchRecord | None:
         """The best fitting plan's record, None when no candidate fits."""
         return self.ranked[0] if self.ranked else None
+
+    def no_fit_reason(self) -> str:
+        """Why `best` is None, in one line: nothing evaluated, nothing ran, or — the usual
+        case — the candidate closest to fitting and by how much it misses the limit."""
+        n = self.evaluated
+        ran = [r for r in self.log if r.summary.error is None]
+        if not self.log:
+            return "no candidate was evaluated" + (" (interrupted)" if self.interrupted else "")
+        if not ran:
+            return (f"no candidate plan could run ({n} evaluated; first error: "
+                    f"{self.log[0].summary.error})")
+        limit = self.spec.memory_limit_bytes
+        closest = min(ran, key=lambda r: memory_ratio(r.summary, limit))
+        peak, allow = _worst_rank(closest.summary, limit)
+        what = "the memory limit" if limit is not None else "GPU memory"
+        return (f"no candidate fits {what} ({n} evaluated; smallest peak {peak / 1e9:.2f} GB "
+                f"> limit {allow / 1e9:.2f} GB on a GPU: {closest.note})")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: `best` (plan + figures), `ranked`, `evaluated`, `search_s`, `log`."""
@@ -167,6 +190,15 @@ def memory_ratio(summary: Summary, limit_bytes: float | None) -> float:
         allow = min(cap, limit_bytes) if limit_bytes is not None else cap
         worst = max(worst, peak / allow if allow > 0 else math.inf)
     return worst
+
+
+def _worst_rank(summary: Summary, limit_bytes: float | None) -> tuple[float, float]:
+    """(peak, allowance) of the rank with the largest peak / allowance (`memory_ratio`)."""
+    peaks = summary.peak_memory_bytes_per_rank or (summary.peak_memory_bytes,)
+    caps = summary.memory_capacity_bytes_per_rank or (math.inf,) * len(peaks)
+    pairs = [(peak, min(cap, limit_bytes) if limit_bytes is not None else cap)
+             for peak, cap in zip(peaks, caps)]
+    return max(pairs, key=lambda pa: pa[0] / pa[1] if pa[1] > 0 else math.inf)
 
 
 def fits(summary: Summary, limit_bytes: float | None) -> bool:

@@ -4,7 +4,9 @@ Loads the inputs, runs one planner through `search.planner.run_search` with a pr
 stderr, prints a table (or one JSON object with `--json`), and with `--out DIR` writes the best
 plan as trainsim JSON, as Aceso's config JSON and — for uniform plans — as Megatron-LM flags,
 plus the ranked plans and the search log. Ctrl-C stops the search and reports the best so far.
-Existing outputs are never overwritten without `--force`.
+Existing outputs are never overwritten without `--force`; the files hold no wall-clock figures,
+so the same search writes the same bytes. A search in which no candidate fits exits 1 (after
+printing the JSON with `best: null` under `--json`) with one line saying why.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ def search_command(
     from trainsim.search.oracle import Oracle
     from trainsim.search.planner import SearchSpec, get_planner
 
+    if out is not None and out.exists() and not out.is_dir():
+        raise SpecError(f"--out {str(out)!r} is an existing file; give a folder for "
+                        f"{', '.join(OUTPUT_FILES)}")
     if out is not None and not force:
         clash = [n for n in OUTPUT_FILES if (out / n).exists()]
         if clash:
@@ -79,8 +84,12 @@ def search_command(
         _write(out, result, oracle)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
-        return
-    _table(result, model, cluster)
+    elif result.ranked:
+        _table(result, model, cluster)
+    if result.best is None:
+        # Not bad input (exit 2): the search ran and found nothing that fits (exit 1).
+        typer.echo(f"error: {result.no_fit_reason()}", err=True)
+        raise typer.Exit(1)
 
 
 def _run_with_progress(planner: Any, spec: Any, oracle: Any, quiet: bool) -> Any:
@@ -114,7 +123,10 @@ def _write(out: Path, result: Any, oracle: Any) -> None:
     out.mkdir(parents=True, exist_ok=True)
     data = result.to_dict()
     (out / "ranked.json").write_text(json.dumps(data["ranked"], indent=2, sort_keys=True) + "\n")
-    (out / "search_log.json").write_text(json.dumps([r.to_dict() for r in result.log],
+    # Files on disk hold no wall-clock figures (elapsed_s, search_s): the same search writes
+    # the same bytes. The printed JSON keeps them.
+    (out / "search_log.json").write_text(json.dumps([r.to_dict(timing=False)
+                                                     for r in result.log],
                                                     indent=2, sort_keys=True) + "\n")
     best = result.best
     if best is None or best.plan is None:
@@ -143,8 +155,6 @@ def _table(result: Any, model: str, cluster: str) -> None:
                       f"{r.summary.iteration_time_s:.3f}",
                       f"{r.summary.peak_memory_bytes / 1e9:.2f}", r.note)
     Console().print(table)
-    if not result.ranked:
-        typer.echo("no candidate fits the memory limit")
 
 
 __all__ = ["OUTPUT_FILES", "lowering_options", "search_command"]

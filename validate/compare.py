@@ -10,7 +10,12 @@ sets the prediction beside the measurement:
   optimizer step; predicted: the stage's compute- and tp-stream task time;
 * per-op-kind time — measured: the profiled iteration's op spans of each stage's first rank;
   predicted: the cost model over the stage's sharded ops × micro-batches (forward + backward),
-  with the optimizer step;
+  with the optimizer step; ``comm`` — measured: the rank's torch.distributed calls (gloo/c10d,
+  waits for the peer included) and the tensor-parallel autograd nodes (``tp_comm``, folded in);
+  predicted: the simulated communication tasks of the stage's first rank (`COMM_TASK_KINDS`:
+  tensor-, data- and pipeline-parallel collectives and transfers, without waits). A kind the
+  simulator does not model (``other``: framework time outside any op) has no prediction:
+  predicted and error are None ("n/a"), never a fake −100 %;
 * peak memory — measured: see trace_record.py; predicted: the engine's peak per rank.
 
 Errors are signed and relative: (predicted − measured) / measured.
@@ -27,9 +32,19 @@ from trainsim.validate.profile_db import ProfileDB
 from trainsim.validate.trace_import import KIND_ALIASES
 from trainsim.validate.trace_record import MeasuredTrace
 
+#: Task kinds of the simulated program that are communication (tp/dp/pp collectives, p2p).
+COMM_TASK_KINDS: tuple[str, ...] = ("p2p", "all_reduce", "all_gather", "reduce_scatter",
+                                    "all_to_all", "tp_comm")
 
-def rel_error(predicted: float, measured: float) -> float | None:
-    """(predicted − measured) / measured, or None when nothing was measured."""
+#: Measured kinds folded into another before comparing: the tensor-parallel autograd nodes
+#: run all-reduces, which the simulator predicts with the other communication.
+MEASURED_KIND_ALIASES: dict[str, str] = {"tp_comm": "comm"}
+
+
+def rel_error(predicted: float | None, measured: float) -> float | None:
+    """(predicted − measured) / measured, or None when nothing was measured or predicted."""
+    if predicted is None:
+        return None
     return (predicted - measured) / measured if measured > 0 else None
 
 
@@ -46,7 +61,8 @@ class Comparison:
     stages: tuple[dict[str, Any], ...]
     """Per stage: stage, busy_measured_s, busy_predicted_s, busy_error."""
     kinds: tuple[dict[str, Any], ...]
-    """Per op kind: kind, measured_s, predicted_s, error."""
+    """Per op kind: kind, measured_s, predicted_s, error (predicted_s and error None for a
+    kind the simulator does not predict)."""
     peak_memory_measured_bytes: float
     peak_memory_predicted_bytes: float
     cost_sources: dict[str, int] = field(hash=False)
@@ -161,11 +177,14 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         for k, v in predicted_kind_s(cost, layers[s], p["tp"], p["num_micro_batches"],
                                      params).items():
             kinds_pred[k] = kinds_pred.get(k, 0.0) + v
+        comm = tasks[(tasks["rank"] == s) & tasks["kind"].isin(COMM_TASK_KINDS)]
+        kinds_pred["comm"] = kinds_pred.get("comm", 0.0) + float(comm["duration_s"].sum())
         for k, v in (first[0].get("kind_s", {}) if first else {}).items():
+            k = MEASURED_KIND_ALIASES.get(k, k)
             kinds_meas[k] = kinds_meas.get(k, 0.0) + float(v)
     kinds = [{"kind": k, "measured_s": kinds_meas.get(k, 0.0),
-              "predicted_s": kinds_pred.get(k, 0.0),
-              "error": rel_error(kinds_pred.get(k, 0.0), kinds_meas.get(k, 0.0))}
+              "predicted_s": kinds_pred.get(k),
+              "error": rel_error(kinds_pred.get(k), kinds_meas.get(k, 0.0))}
              for k in sorted(set(kinds_pred) | set(kinds_meas))]
     times = sorted(trace.iteration_times_s)
     q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
@@ -198,7 +217,8 @@ def format_report(c: Comparison) -> str:
                  f"{c.peak_memory_predicted_bytes / 2**20:12.2f}{pct(c.peak_memory_error):>9}")
     lines.append("per op kind (ms, first rank of each stage, summed over stages):")
     for k in c.kinds:
-        lines.append(f"  {k['kind']:22}{1e3 * k['measured_s']:12.2f}{1e3 * k['predicted_s']:12.2f}"
+        pred = "n/a" if k["predicted_s"] is None else f"{1e3 * k['predicted_s']:.2f}"
+        lines.append(f"  {k['kind']:22}{1e3 * k['measured_s']:12.2f}{pred:>12}"
                      f"{pct(k['error']):>9}")
     src = ", ".join(f"{k} {v}" for k, v in sorted(c.cost_sources.items()))
     lines.append(f"cost model estimates: {src}")

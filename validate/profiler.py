@@ -305,7 +305,9 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
     """Profile `model`'s ops and the collectives (module docstring) into a ProfileDB.
 
     Raises:
-        TraceError: an unsupported device, or a worker failed.
+        TraceError: an unsupported device, an option out of range, more processes than CPUs
+            or a model too large for the memory (validate/worker_limits.py), or a worker
+            failed.
     """
     import tempfile
 
@@ -313,14 +315,25 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
 
     from trainsim.validate.small_models import get_validation_model
     from trainsim.validate.torch_parallel import free_port
+    from trainsim.validate.worker_limits import (
+        check_memory,
+        check_processes,
+        training_memory_bytes,
+    )
 
     if device != "cpu":
         raise TraceError(f"sim profile --device {device!r}: only 'cpu' is implemented here "
                          f"(CUDA profiling needs a GPU machine)")
-    if processes < 1 or warmup < 0 or repeats < 1:
-        raise TraceError(f"sim profile: processes={processes} and repeats={repeats} must be "
-                         f">= 1 and warmup={warmup} >= 0")
+    for option, value, least in (("--micro-batch", micro_batch_size, 1),
+                                 ("--processes", processes, 1), ("--threads", threads, 1),
+                                 ("--warmup", warmup, 0), ("--repeats", repeats, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise TraceError(f"sim profile {option} {value!r} must be an integer >= {least}")
+    check_processes("sim profile --processes", processes)
     spec = get_validation_model(model)
+    # Each process times the Adam step of up to the whole model (the pp=1 stage plan).
+    check_memory("sim profile --model", spec.name,
+                 training_memory_bytes(spec.parameters(), processes, processes))
     tps = tuple(t for t in range(1, processes + 1)
                 if processes % t == 0 and spec.num_heads % t == 0 and spec.vocab_size % t == 0)
     pps = [p for p in range(1, processes + 1) if processes % p == 0 and p <= spec.num_layers]

@@ -190,9 +190,16 @@ def run_parallel(model: str, *, dp: int, tp: int, pp: int, micro_batch_size: int
     """Spawn the workers, wait for them, and return each rank's record (rank order).
 
     Raises:
-        TraceError: a degree does not fit the model (heads, vocabulary, layers) or a worker died.
+        TraceError: a degree does not fit the model (heads, vocabulary, layers), more workers
+            than CPUs or a model too large for the memory (validate/worker_limits.py), or a
+            worker died.
     """
     from trainsim.validate.small_models import get_validation_model
+    from trainsim.validate.worker_limits import (
+        check_memory,
+        check_processes,
+        training_memory_bytes,
+    )
 
     spec = get_validation_model(model)
     if spec.family not in ("gpt", "t5"):
@@ -205,6 +212,8 @@ def run_parallel(model: str, *, dp: int, tp: int, pp: int, micro_batch_size: int
     if pp > spec.num_layers:
         raise TraceError(f"plan pp={pp} exceeds model num_layers={spec.num_layers}")
     world = dp * tp * pp
+    check_processes(f"--plan dp={dp},tp={tp},pp={pp}", world)
+    check_memory("--model", spec.name, training_memory_bytes(spec.parameters(), dp, world))
     cfg = {"model": model, "dp": dp, "tp": tp, "pp": pp, "micro_batch_size": micro_batch_size,
            "num_micro_batches": num_micro_batches, "iterations": iterations, "warmup": warmup,
            "out_dir": str(out_dir), "seed": seed, "port": free_port()}

@@ -16,6 +16,7 @@ freed pages, so neither is used.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +50,15 @@ def parse_plan(text: str, *, micro_batch_size: int, num_micro_batches: int | Non
         except ValueError:
             raise TraceError(f"plan {text!r}: expected dp2, pp2, tp2 or dp=N,tp=N,pp=N") \
                 from None
-    if min(plan.values()) < 1 or micro_batch_size < 1:
-        raise TraceError(f"plan {text!r}: degrees and micro-batch size must be >= 1")
+    if min(plan.values()) < 1:
+        raise TraceError(f"--plan {text!r}: degrees must be >= 1")
+    if micro_batch_size < 1:
+        raise TraceError(f"--micro-batch {micro_batch_size} must be an integer >= 1")
+    if num_micro_batches is not None and num_micro_batches < 1:
+        raise TraceError(f"--micro-batches {num_micro_batches} must be an integer >= 1")
     plan["micro_batch_size"] = micro_batch_size
-    plan["num_micro_batches"] = num_micro_batches or 2 * plan["pp"]
+    plan["num_micro_batches"] = num_micro_batches if num_micro_batches is not None \
+        else 2 * plan["pp"]
     return plan
 
 
@@ -75,11 +81,7 @@ class MeasuredTrace:
     """Where and how it was recorded (CPU, cores, torch, threads, command, load)."""
 
     def __post_init__(self) -> None:
-        missing = [k for k in PLAN_FIELDS if k not in self.plan]
-        if missing:
-            raise TraceError(f"trace: plan misses field(s) {', '.join(missing)}")
-        if not self.iteration_times_s or min(self.iteration_times_s) <= 0:
-            raise TraceError("trace: iteration_times_s must be a non-empty list of times > 0")
+        check_trace(self)
 
     @property
     def iteration_time_s(self) -> float:
@@ -118,14 +120,24 @@ class MeasuredTrace:
             raise TraceError(f"{where}: not a trainsim trace (field format must be {FORMAT!r})")
         if data.get("version") != VERSION:
             raise TraceError(f"{where}: trace version {data.get('version')!r} is not {VERSION}")
+        for key, kind in (("model", str), ("plan", dict), ("iteration_times_s", list),
+                          ("ranks", list), ("events", list), ("machine", dict)):
+            if key not in data and key in ("events", "machine"):
+                continue
+            if key not in data:
+                raise TraceError(f"{where}: field {key!r} is missing")
+            if not isinstance(data[key], kind):
+                raise TraceError(f"{where}: field {key}={_short(data[key])} must be a "
+                                 f"{_TYPE_WORDS[kind]}")
         try:
-            return cls(model=str(data["model"]), plan={k: int(v) for k, v in
-                                                       dict(data["plan"]).items()},
-                       iteration_times_s=tuple(float(t) for t in data["iteration_times_s"]),
-                       ranks=tuple(data.get("ranks", ())), events=tuple(data.get("events", ())),
+            return cls(model=data["model"], plan=dict(data["plan"]),
+                       iteration_times_s=tuple(data["iteration_times_s"]),
+                       ranks=tuple(data["ranks"]), events=tuple(data.get("events", ())),
                        machine=dict(data.get("machine", {})))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceError(f"{where}: malformed trace ({type(exc).__name__}: {exc})") from None
+        except TraceError as exc:
+            msg = str(exc)
+            raise TraceError(f"{where}:{msg[len('trace:'):]}" if msg.startswith("trace:")
+                             else msg) from None
 
     @classmethod
     def load(cls, path: str | Path) -> MeasuredTrace:
@@ -133,6 +145,102 @@ class MeasuredTrace:
         from trainsim.validate.trace_import import read_json
 
         return cls.from_dict(read_json(path), str(path))
+
+
+_TYPE_WORDS = {str: "string", dict: "JSON object", list: "JSON list"}
+
+#: Per-rank fields that are durations (s) or sizes (bytes): finite numbers >= 0.
+RANK_NUMBERS = ("compute_s", "dp_sync_s", "optimizer_s", "state_bytes", "peak_allocated_bytes",
+                "peak_memory_bytes")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _check_count(where: str, value: Any, upper: int | None = None) -> None:
+    """An index field: an int >= 0 (and < upper when given)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or \
+            (upper is not None and value >= upper):
+        bound = f" and < {upper}" if upper is not None else ""
+        raise TraceError(f"trace: {where}={_short(value)} must be an integer >= 0{bound}")
+
+
+def _check_seconds(where: str, value: Any) -> None:
+    if not _is_number(value) or value < 0:
+        raise TraceError(f"trace: {where}={_short(value)} must be a finite number >= 0")
+
+
+def check_trace(trace: MeasuredTrace) -> None:
+    """Refuse a trace whose contents cannot be what `sim trace` measured.
+
+    `sim validate` simulates the trace's plan and reads its ranks, so a wrong type, a negative
+    or non-finite duration, or a plan whose dp × tp × pp is not the number of ranks recorded
+    would otherwise crash deep inside the comparison or simulate a different run.
+
+    Raises:
+        TraceError: naming the first offending field and its value.
+    """
+    if not isinstance(trace.model, str) or not trace.model.strip():
+        raise TraceError(f"trace: model={_short(trace.model)} must be a non-empty name")
+    missing = [k for k in PLAN_FIELDS if k not in trace.plan]
+    if missing:
+        raise TraceError(f"trace: plan misses field(s) {', '.join(missing)}")
+    for k in PLAN_FIELDS:
+        v = trace.plan[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise TraceError(f"trace: plan.{k}={_short(v)} must be an integer >= 1")
+    times = trace.iteration_times_s
+    if not times:
+        raise TraceError("trace: iteration_times_s must be a non-empty list of times > 0")
+    for i, t in enumerate(times):
+        if not _is_number(t) or t <= 0:
+            raise TraceError(f"trace: iteration_times_s[{i}]={_short(t)} must be a finite "
+                             f"time > 0")
+    dp, tp, pp = trace.plan["dp"], trace.plan["tp"], trace.plan["pp"]
+    world = dp * tp * pp
+    if not trace.ranks:
+        raise TraceError("trace: ranks is empty; a measured trace records every rank")
+    if len(trace.ranks) != world:
+        raise TraceError(f"trace: plan dp={dp} x tp={tp} x pp={pp} = {world} ranks, but ranks "
+                         f"records {len(trace.ranks)}")
+    for i, r in enumerate(trace.ranks):
+        if not isinstance(r, dict):
+            raise TraceError(f"trace: ranks[{i}]={_short(r)} must be a JSON object")
+        for key, upper in (("rank", world), ("stage", pp), ("replica", dp), ("tp_index", tp)):
+            if key in r:
+                _check_count(f"ranks[{i}].{key}", r[key], upper)
+        for key in RANK_NUMBERS:
+            if key in r:
+                _check_seconds(f"ranks[{i}].{key}", r[key])
+        kinds = r.get("kind_s", {})
+        if not isinstance(kinds, dict):
+            raise TraceError(f"trace: ranks[{i}].kind_s={_short(kinds)} must be a JSON object "
+                             f"of op kind -> seconds")
+        for k, v in kinds.items():
+            _check_seconds(f"ranks[{i}].kind_s[{k!r}]", v)
+        its = r.get("iteration_times_s", [])
+        if not isinstance(its, (list, tuple)):
+            raise TraceError(f"trace: ranks[{i}].iteration_times_s={_short(its)} must be a list")
+        for j, t in enumerate(its):
+            _check_seconds(f"ranks[{i}].iteration_times_s[{j}]", t)
+    for i, e in enumerate(trace.events):
+        if not isinstance(e, dict):
+            raise TraceError(f"trace: events[{i}]={_short(e)} must be a JSON object")
+        for key in ("ts_us", "dur_us"):
+            if key in e:
+                _check_seconds(f"events[{i}].{key}", e[key])
+        if "rank" in e:
+            _check_count(f"events[{i}].rank", e["rank"], world)
+        for key in ("name", "kind"):
+            if key in e and not isinstance(e[key], str):
+                raise TraceError(f"trace: events[{i}].{key}={_short(e[key])} must be a string")
 
 
 def _load_average() -> float | None:
@@ -152,8 +260,10 @@ def record_trace(model: str, plan: dict[str, int], *, iterations: int = 10, warm
     from trainsim.validate.torch_parallel import WORKER_THREADS, run_parallel
     from trainsim.validate.trace_import import load_kineto
 
-    if iterations < 1 or warmup < 0:
-        raise TraceError(f"sim trace: iterations={iterations} must be >= 1, warmup={warmup} >= 0")
+    if iterations < 1:
+        raise TraceError(f"sim trace --iterations {iterations} must be an integer >= 1")
+    if warmup < 0:
+        raise TraceError(f"sim trace --warmup {warmup} must be an integer >= 0")
     spec = get_validation_model(model)
     world = plan["dp"] * plan["tp"] * plan["pp"]
     load_before = _load_average()
@@ -194,11 +304,14 @@ def import_kineto(path: str | Path, model: str, plan: dict[str, int],
                   iterations: int = 1) -> MeasuredTrace:
     """A trace from a plain Kineto/torch.profiler Chrome trace recorded elsewhere.
 
-    Each pid in the file is taken as one rank; the iteration time is the trace's span divided
+    Each pid in the file is taken as one rank, in the worker layout of `sim trace` (tp
+    innermost, then dp, then pp; torch_parallel.rank_layout), so the plan's dp × tp × pp must
+    be the number of pids; the iteration time is the trace's span divided
     by `iterations` (the profiled steps); peak memory is the peak of Total Allocated (the
     file has no parameter bytes).
     """
     from trainsim.validate.small_models import get_validation_model
+    from trainsim.validate.torch_parallel import rank_layout
     from trainsim.validate.trace_import import load_kineto
 
     spec = get_validation_model(model)
@@ -213,7 +326,8 @@ def import_kineto(path: str | Path, model: str, plan: dict[str, int],
             kinds[e["kind"]] = kinds.get(e["kind"], 0.0) + e["dur_us"] * 1e-6
             events.append({"rank": r, "name": e["name"], "kind": e["kind"],
                            "ts_us": round(e["ts_us"] - t0, 1), "dur_us": round(e["dur_us"], 1)})
-        ranks.append({"rank": r, "stage": 0, "replica": r, "tp_index": 0,
+        stage, replica, tp_index = rank_layout(r, plan["dp"], plan["tp"])
+        ranks.append({"rank": r, "stage": stage, "replica": replica, "tp_index": tp_index,
                       "compute_s": sum(kinds.values()) / iterations,
                       "peak_allocated_bytes": kin["peak_allocated_bytes"],
                       "peak_memory_bytes": kin["peak_allocated_bytes"],

@@ -16,14 +16,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainsim.errors import PlanError, unknown_name
+from trainsim.workloads.plan_fields import (
+    _divisors,
+    _global_batch_hint,
+    _int,
+    _items,
+    _mhz,
+    _names,
+    _pairs,
+    _text,
+)
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "explicit")
 """Built-in schedule names; `torch:<ScheduleClass>` imports one from torch.distributed.pipelining."""
@@ -47,54 +55,6 @@ class MicroBatch:
                                                  "a positive integer", minimum=1))
 
 
-_NOT_LISTS = (str, bytes, Mapping, set, frozenset)
-
-
-def _int(name: str, value: Any, expected: str = "a positive integer",
-         minimum: int | None = 1) -> int:
-    """`value` as an int (bools and floats are refused), at least `minimum`, else a PlanError."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
-            and (minimum is None or int(value) >= minimum):
-        return int(value)
-    raise PlanError(f"plan.{name}={value!r} must be {expected}")
-
-
-def _mhz(name: str, value: Any) -> float:
-    """A positive, finite frequency in MHz (int or float; bools and strings are refused)."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool) \
-            and math.isfinite(value) and value > 0:
-        return value if type(value) in (int, float) else float(value)
-    raise PlanError(f"plan.{name}={value!r} must be a positive frequency in MHz, e.g. 1200")
-
-
-def _text(name: str, value: Any, expected: str) -> str:
-    if isinstance(value, str):
-        return value
-    raise PlanError(f"plan.{name}={value!r} must be {expected}")
-
-
-def _items(name: str, value: Any, expected: str) -> tuple[Any, ...]:
-    """A list/tuple (any ordered iterable but a string or a mapping) as a tuple."""
-    if isinstance(value, _NOT_LISTS) or not isinstance(value, Iterable):
-        raise PlanError(f"plan.{name}={value!r} must be {expected}")
-    return tuple(value)
-
-
-def _pairs(name: str, value: Any, expected: str) -> tuple[tuple[str, Any], ...]:
-    """A mapping, or a list of [key, value] lists, as (key, value) pairs; later keys win."""
-    if isinstance(value, Mapping):
-        items = tuple(value.items())
-    else:
-        items = _items(name, value, expected)
-        if not all(isinstance(p, list | tuple) and len(p) == 2 for p in items):
-            raise PlanError(f"plan.{name}={value!r} must be {expected}")
-    for key, _ in items:
-        if not isinstance(key, str):
-            raise PlanError(f"plan.{name}={value!r}: key {key!r} is not a string; "
-                            f"plan.{name} must be {expected}")
-    return tuple(dict(items).items())
-
-
 def _micro_batch(index: int, value: Any) -> MicroBatch:
     """One explicit micro-batch from a MicroBatch or a {"batch_size", "seq_len"} mapping."""
     if isinstance(value, MicroBatch):
@@ -108,14 +68,6 @@ def _micro_batch(index: int, value: Any) -> MicroBatch:
     return MicroBatch(batch_size=value["batch_size"], seq_len=value["seq_len"])
 
 
-def _names(name: str, value: Any) -> tuple[str, ...]:
-    """A non-string list of op names."""
-    names = _items(name, value, "none, selective, full or a list of op names")
-    for i, n in enumerate(names):
-        _text(f"{name}[{i}]", n, "an op name (a string)")
-    return names
-
-
 def normalise_schedule(name: str) -> str:
     """Canonical schedule name, or a PlanError listing the valid ones."""
     if name.startswith("torch:"):
@@ -125,7 +77,7 @@ def normalise_schedule(name: str) -> str:
         return name
     canonical = SCHEDULE_ALIASES.get(name, name.lower())
     if canonical not in SCHEDULES:
-        raise PlanError(str(unknown_name("schedule", name, [*SCHEDULES, "torch:<Class>"])))
+        raise PlanError(f"plan.schedule: {unknown_name('schedule', name, [*SCHEDULES, 'torch:<Class>'])}")
     return canonical
 
 
@@ -243,16 +195,16 @@ class ParallelPlan:
             put("recompute", _names("recompute", self.recompute))
         if self.freq_mhz is not None:
             put("freq_mhz", _mhz("freq_mhz", self.freq_mhz))
-        lists = {"stage_layers": ("integer", "layers per (virtual) stage", None),
-                 "stage_tp": ("positive integer", "tensor-parallel degree per stage", 1),
-                 "stage_gpus": ("positive integer", "GPUs per stage", 1),
-                 "placement": ("integer", "node-group index per stage", None)}
+        lists = {"stage_layers": ("integer", "layers of each (virtual) stage", None),
+                 "stage_tp": ("positive integer", "tensor-parallel degree of each stage", 1),
+                 "stage_gpus": ("positive integer", "GPUs of each stage", 1),
+                 "placement": ("integer", "node-group index of each stage", None)}
         for name, (kind, what, minimum) in lists.items():
-            if getattr(self, name) is None:
-                continue
-            items = _items(name, getattr(self, name), f"a list of {kind}s, one {what}")
-            put(name, tuple(_int(f"{name}[{i}]", v, f"a {kind} ({what})", minimum)
-                            for i, v in enumerate(items)))
+            if getattr(self, name) is not None:
+                items = _items(name, getattr(self, name), f"a list of {kind}s ({what})")
+                article = "an" if kind[0] == "i" else "a"
+                put(name, tuple(_int(f"{name}[{i}]", v, f"{article} {kind} ({what})", minimum)
+                                for i, v in enumerate(items)))
         if self.stage_freq_mhz is not None:
             freqs = _items("stage_freq_mhz", self.stage_freq_mhz, "a list of MHz, one per stage")
             put("stage_freq_mhz", tuple(float(_mhz(f"stage_freq_mhz[{i}]", f))
@@ -278,7 +230,8 @@ class ParallelPlan:
             expected = 'a list of per-rank action lists, e.g. [["0F0", "0B0"], ["1F0", "1B0"]]'
             ranks = _items("order", self.order, expected)
             put("order", tuple(tuple(_text(f"order[{r}][{i}]", a, 'an action like "0F0"')
-                                     for i, a in enumerate(_items(f"order[{r}]", acts, expected)))
+                                     for i, a in enumerate(_items(f"order[{r}]", acts,
+                                                                  "a list of actions like '0F0'")))
                                for r, acts in enumerate(ranks)))
 
     # ----------------------------------------------------------------- self-consistency
@@ -297,12 +250,8 @@ class ParallelPlan:
         if self.global_batch is not None:
             per_step = self.micro_batch_size * self.dp
             if self.global_batch % per_step:
-                valid = [b for b in range(per_step, 4 * self.global_batch + 1, per_step)
-                         if abs(b - self.global_batch) <= 2 * per_step][:3]
-                raise PlanError(
-                    f"plan.global_batch={self.global_batch} is not divisible by "
-                    f"micro_batch_size×dp={self.micro_batch_size}×{self.dp}={per_step} "
-                    f"(e.g. {', '.join(map(str, valid))} would be)")
+                raise PlanError(_global_batch_hint(self.global_batch, self.micro_batch_size,
+                                                   self.dp))
             m = self.global_batch // per_step
             if self.num_micro_batches is not None and self.num_micro_batches != m:
                 raise PlanError(f"plan.num_micro_batches={self.num_micro_batches} disagrees with "
@@ -314,52 +263,32 @@ class ParallelPlan:
             object.__setattr__(self, "global_batch",
                                self.num_micro_batches * self.micro_batch_size * self.dp)
 
-    def _check_recompute(self) -> None:
-        rc = self.recompute
-        if isinstance(rc, str):
-            if rc not in RECOMPUTE_POLICIES:
-                raise PlanError(f"plan.recompute={rc!r} must be one of "
-                                f"{', '.join(RECOMPUTE_POLICIES)} or a list of op names")
-        else:
-            names = tuple(str(n) for n in rc)
-            if not names:
-                raise PlanError("plan.recompute is an empty op list; use 'none' instead")
-            object.__setattr__(self, "recompute", names)
-
     def _check_frequencies(self) -> None:
-        if self.freq_mhz is not None and self.freq_mhz <= 0:
-            raise PlanError(f"plan.freq_mhz={self.freq_mhz} must be positive")
-        if self.stage_freq_mhz is not None:
-            freqs = tuple(float(f) for f in self.stage_freq_mhz)
-            if len(freqs) != self.pp:
-                raise PlanError(f"plan.stage_freq_mhz has {len(freqs)} values but pp={self.pp}")
-            if any(f <= 0 for f in freqs):
-                raise PlanError(f"plan.stage_freq_mhz={freqs} must all be positive")
-            object.__setattr__(self, "stage_freq_mhz", freqs)
-        pairs = tuple((str(k), float(v)) for k, v in dict(self.instruction_freq_mhz).items())
-        object.__setattr__(self, "instruction_freq_mhz", pairs)
-        if not pairs:
+        if self.stage_freq_mhz is not None and len(self.stage_freq_mhz) != self.pp:
+            raise PlanError(f"plan.stage_freq_mhz has {len(self.stage_freq_mhz)} values but "
+                            f"pp={self.pp}")
+        if not self.instruction_freq_mhz:
             return
+        from trainsim.errors import SpecError
         from trainsim.simulator.actions import Action  # deferred: simulator imports workloads
-        for key, f in pairs:
-            Action.parse(key)  # raises SpecError naming the text if malformed
-            if f <= 0:
-                raise PlanError(f"plan.instruction_freq_mhz[{key!r}]={f} must be positive")
+        for key, _ in self.instruction_freq_mhz:
+            try:
+                Action.parse(key)
+            except SpecError as exc:
+                raise PlanError(f"plan.instruction_freq_mhz key {key!r} is not an action like "
+                                f"'2F3' (stage 2 forward of micro-batch 3): {exc}") from None
 
     def _check_stage_fields(self) -> None:
         if self.stage_gpus is not None:
-            gpus = tuple(int(g) for g in self.stage_gpus)
+            gpus = self.stage_gpus
             if len(gpus) != self.pp:
                 raise PlanError(f"plan.stage_gpus has {len(gpus)} values but pp={self.pp}")
-            for s, g in enumerate(gpus):
-                _positive(f"stage_gpus[{s}]", g)
             if self.dp != 1:
                 raise PlanError(f"plan.dp={self.dp} must be 1 with plan.stage_gpus (each stage's "
                                 f"dp is its GPUs over its tp)")
             if self.micro_batches is not None or self.virtual_stages != 1:
                 raise PlanError("plan.stage_gpus works with uniform micro-batches and "
                                 "virtual_stages=1 only")
-            object.__setattr__(self, "stage_gpus", gpus)
             if self.stage_tp is not None and len(self.stage_tp) != self.pp:
                 raise PlanError(f"plan.stage_tp has {len(self.stage_tp)} values but pp={self.pp}")
             for s in range(self.pp):
@@ -373,20 +302,13 @@ class ParallelPlan:
                                     f"divisible by stage {s}'s dp={dp} (stage_gpus[{s}]="
                                     f"{gpus[s]} / tp={t})")
         if self.stage_recompute is not None:
-            policies: list[str | tuple[str, ...]] = []
             for s, rc in enumerate(self.stage_recompute):
-                if isinstance(rc, str):
-                    if rc not in RECOMPUTE_POLICIES:
-                        raise PlanError(f"plan.stage_recompute[{s}]={rc!r} must be one of "
-                                        f"{', '.join(RECOMPUTE_POLICIES)} or a list of op names")
-                    policies.append(rc)
-                else:
-                    names = tuple(str(n) for n in rc)
-                    policies.append(names if names else "none")
-            if len(policies) != self.pp:
-                raise PlanError(f"plan.stage_recompute has {len(policies)} values but "
-                                f"pp={self.pp}")
-            object.__setattr__(self, "stage_recompute", tuple(policies))
+                if isinstance(rc, str) and rc not in RECOMPUTE_POLICIES:
+                    raise PlanError(f"plan.stage_recompute[{s}]={rc!r} must be one of "
+                                    f"{', '.join(RECOMPUTE_POLICIES)} or a list of op names")
+            if len(self.stage_recompute) != self.pp:
+                raise PlanError(f"plan.stage_recompute has {len(self.stage_recompute)} values "
+                                f"but pp={self.pp}")
 
     # ----------------------------------------------------------------- derived values
     @property
@@ -518,6 +440,9 @@ class ParallelPlan:
         if self.sp and self.tp == 1:
             raise PlanError("plan.sp=true needs plan.tp > 1 (sequence parallelism splits along "
                             "the tensor-parallel group)")
+        if self.seq_len is not None and getattr(model, "family", None) == "wresnet":
+            raise PlanError(f"plan.seq_len={self.seq_len}: model {model.name!r} is a Wide-ResNet "
+                            f"(images, no sequence dimension); leave seq_len unset (--seq-len)")
         if self.seq_len is not None:
             max_seq = int(getattr(model, "max_seq_len", 0) or 0)
             if max_seq and self.seq_len > max_seq:
@@ -616,31 +541,20 @@ class ParallelPlan:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = [k for k in data if k not in names]
         if unknown:
-            raise PlanError(str(unknown_name("plan field", unknown[0], names)))
+            raise PlanError(str(unknown_name("plan field", str(unknown[0]), names)))
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
-            if value is None:
-                kwargs[key] = None
-            elif key in ("stage_layers", "stage_tp", "placement", "stage_freq_mhz",
-                         "stage_gpus") or key == "micro_batches":
-                kwargs[key] = tuple(value)
-            elif key == "stage_recompute":
-                kwargs[key] = tuple(v if isinstance(v, str) else tuple(v) for v in value)
-            elif key == "order":
-                if isinstance(value, Mapping):
+            try:  # lists stay lists: _check_types turns them into tuples, checking elements
+                if key == "order" and isinstance(value, Mapping):  # {"0": [...], "1": [...]}
                     value = [value[k] for k in sorted(value, key=int)]
-                kwargs[key] = tuple(tuple(r) for r in value)
-            elif key in ("op_tp", "instruction_freq_mhz"):
-                kwargs[key] = tuple(dict(value).items()) if isinstance(value, Mapping) \
-                    else tuple(tuple(p) for p in value)
-            elif key == "recompute" and not isinstance(value, str):
-                kwargs[key] = tuple(value)
-            else:
                 kwargs[key] = value
+            except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+                raise PlanError(f"plan.{key}={data[key]!r}: {exc} (as a map, plan.{key} "
+                                f"needs rank numbers as keys)") from None
         try:
             return cls(**kwargs)
-        except TypeError as exc:
-            raise PlanError(f"plan: {exc}") from None
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise PlanError(f"plan: {exc}") from None  # a safety net: _check_types names fields
 
     def to_json(self) -> str:
         """Stable, indented JSON (same plan, same bytes)."""
@@ -675,10 +589,6 @@ class ParallelPlan:
     def replace(self, **changes: Any) -> ParallelPlan:
         """A copy with some fields changed (re-checked)."""
         return dataclasses.replace(self, **changes)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _group_gpus(group: Any) -> int:

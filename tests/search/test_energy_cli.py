@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from trainsim.search.energy_commands import app
@@ -60,3 +61,95 @@ def test_bad_profile_exit_2_and_nothing_written(tmp_path) -> None:
     assert res.exit_code == 2
     assert "row 13" in res.output and "energy" in res.output
     assert not out.exists()
+
+
+def _csv(tmp_path):
+    path = tmp_path / "p.csv"
+    path.write_text(CSV)
+    return path
+
+
+def test_pick_infinite_straggler_is_one_error_line(tmp_path) -> None:
+    """--straggler inf / nan and --deadline-s inf exit 2 with one line naming the option
+    (they used to print NaN/Infinity, which is not JSON, and "saving nan%")."""
+    path = _csv(tmp_path)
+    for opt, value in (("--straggler", "inf"), ("--straggler", "nan"),
+                       ("--deadline-s", "inf")):
+        res = CliRunner().invoke(app, ["pick", opt, value, "--profile", str(path),
+                                       "--microbatches", "2", "--blocking-power-w", "10",
+                                       "--json"])
+        assert res.exit_code == 2, res.output
+        assert opt in res.output and "finite" in res.output
+        assert len(res.output.strip().splitlines()) == 1
+
+
+def test_pick_json_is_strict(tmp_path) -> None:
+    """The printed JSON parses under a parser that rejects NaN and Infinity."""
+    path = _csv(tmp_path)
+    res = CliRunner().invoke(app, ["pick", "--straggler", "1.5", "--profile", str(path),
+                                   "--microbatches", "2", "--blocking-power-w", "10", "--json"])
+    assert res.exit_code == 0, res.output
+
+    def refuse(token: str) -> None:
+        raise ValueError(token)
+
+    doc = json.loads(res.output, parse_constant=refuse)
+    assert 0.0 <= doc["pick"]["saving"] < 1.0
+
+
+def test_out_that_is_a_file_is_one_error_line(tmp_path) -> None:
+    """--out naming an existing file (not a folder) exits 2 naming --out, no traceback."""
+    path = _csv(tmp_path)
+    target = tmp_path / "f.txt"
+    target.write_text("keep me")
+    res = CliRunner().invoke(app, ["frontier", "--profile", str(path), "--microbatches", "2",
+                                   "--blocking-power-w", "10", "--out", str(target)])
+    assert res.exit_code == 2
+    assert "--out" in res.output and "is an existing file" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert target.read_text() == "keep me"
+
+
+def test_out_files_are_byte_identical_across_runs(tmp_path) -> None:
+    """Two identical runs write identical plans.json and frontier.html (no wall clock in
+    the files; planner_s stays in the printed JSON)."""
+    path = _csv(tmp_path)
+    outs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        res = CliRunner().invoke(app, ["pick", "--straggler", "1.2", "--profile", str(path),
+                                       "--microbatches", "3", "--blocking-power-w", "10",
+                                       "--out", str(out), "--json"])
+        assert res.exit_code == 0, res.output
+        assert "planner_s" in json.loads(res.output)
+        outs.append(out)
+    for name in ("plans.json", "frontier.html"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+    assert "planner_s" not in (outs[0] / "plans.json").read_text()
+
+
+def test_large_work_prints_a_unit_hint_on_stderr(tmp_path, monkeypatch, capsys) -> None:
+    """When steps × instructions exceed LARGE_WORK, one hint line on stderr suggests a larger
+    --unit-s; stdout stays one JSON object."""
+    from trainsim.cli import main
+    from trainsim.search import energy_commands
+
+    path = _csv(tmp_path)
+    monkeypatch.setattr(energy_commands, "LARGE_WORK", 0)
+    with pytest.raises(SystemExit) as info:
+        main(["energy", "frontier", "--profile", str(path), "--microbatches", "2",
+              "--blocking-power-w", "10", "--json"])
+    assert (info.value.code or 0) == 0
+    out = capsys.readouterr()
+    json.loads(out.out)
+    hint = [line for line in out.err.splitlines() if "--unit-s" in line]
+    assert len(hint) == 1 and "crashing steps" in hint[0]
+
+
+def test_hint_threshold() -> None:
+    """No hint for small work; the hint names the step and instruction counts."""
+    from trainsim.search.energy_commands import LARGE_WORK, _hint
+
+    assert _hint(10, 10, 1e-3) is None
+    line = _hint(int(LARGE_WORK), 2, 1e-3)
+    assert line is not None and str(int(LARGE_WORK)) in line and "2 instructions" in line

@@ -130,3 +130,33 @@ def test_baselines_and_straggler() -> None:
         choice = pick(fr.points, top, blocking_power_w=P_BLOCK, num_stages=2, slowdown=factor)
         assert choice.point.time_s <= factor * top.time_s + 1e-12
         assert 0.0 <= choice.saving < 1.0
+
+
+def test_compute_frontier_reports_each_step_and_the_total() -> None:
+    """`on_step` sees every crashing step in order; each announces where crashing ends (the
+    all-fastest makespan: 2 stages × 2 micro-batches at F 2 ms, B 4 ms → (2 + 2 − 1) × 6 ms =
+    18 units of 1 ms), and the last step reaches it, so a progress bar's total is
+    makespan_units − final_makespan_units of the first step."""
+    dag = build_dag(tiny_profile(CONVEX), 2)
+    seen = []
+    fr = compute_frontier(dag, on_step=seen.append)
+    assert [s.iteration for s in seen] == list(range(len(seen)))
+    assert len(seen) == len(fr.steps)
+    assert {s.final_makespan_units for s in seen} == {18}
+    assert seen[-1].makespan_units == 18
+    assert seen[0].makespan_units - seen[0].final_makespan_units == len(seen) - 1
+
+
+@pytest.mark.parametrize("kwargs", [{"slowdown": float("inf")}, {"slowdown": float("nan")},
+                                    {"slowdown": 0.9}, {"deadline_s": float("inf")},
+                                    {"deadline_s": float("nan")}, {"deadline_s": -1.0}])
+def test_straggler_refuses_non_finite_or_too_small_targets(kwargs) -> None:
+    """An infinite T′ makes every energy infinite (and the saving NaN): a slowdown must be a
+    finite number >= 1 and a deadline a finite time > 0, else a SpecError naming the option."""
+    from trainsim.errors import SpecError
+
+    dag = build_dag(tiny_profile(CONVEX), 2)
+    top = all_max(dag)
+    with pytest.raises(SpecError, match="--straggler|--deadline-s"):
+        pick(compute_frontier(dag).points, top, blocking_power_w=P_BLOCK, num_stages=2,
+             **kwargs)

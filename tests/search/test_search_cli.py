@@ -50,3 +50,57 @@ def test_unknown_method_is_one_error_line(capsys) -> None:
     """An unknown --method exits 2 naming the valid ones."""
     code, _, err = _run(capsys, "--method", "alpa", *ARGS)
     assert code == 2 and "grid" in err and "aceso" in err
+
+
+def test_out_that_is_a_file_is_one_error_line(capsys, tmp_path: Path) -> None:
+    """--out naming an existing file exits 2 with one line naming --out (it used to be a
+    FileExistsError traceback after the whole search); the file is untouched."""
+    target = tmp_path / "f.txt"
+    target.write_text("keep me")
+    code, _, err = _run(capsys, *ARGS, "--out", str(target))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "--out" in lines[0] and "Traceback" not in err
+    assert target.read_text() == "keep me"
+
+
+def test_out_files_are_byte_identical_across_runs(capsys, tmp_path: Path) -> None:
+    """The same search twice writes the same bytes: search_log.json and ranked.json hold no
+    wall-clock field (elapsed_s stays in the printed JSON's improvements)."""
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for out in dirs:
+        code, stdout, _ = _run(capsys, "--method", "grid", *ARGS, "--out", str(out), "--json")
+        assert code == 0
+        assert all("elapsed_s" in r for r in json.loads(stdout)["improvements"])
+    names = sorted(p.name for p in dirs[0].iterdir())
+    assert "search_log.json" in names and "ranked.json" in names
+    for name in names:
+        assert (dirs[0] / name).read_bytes() == (dirs[1] / name).read_bytes(), name
+    log = json.loads((dirs[0] / "search_log.json").read_text())
+    assert log and all("elapsed_s" not in r for r in log)
+
+
+NO_FIT = ["--model", "gpt3-175b", "--cluster", "1x8xA100-SXM4-80GB", "--global-batch", "8",
+          "--time-budget-s", "20"]
+
+
+def test_no_feasible_plan_exits_1_with_a_reason(capsys) -> None:
+    """GPT-3 175B on 8 × 80 GB: 175e9 parameters × 16 B of mixed-precision Adam state is
+    2.8 TB > 8 × 80 GiB, so nothing fits. Exit 1 (not 2: the input is valid) with one line
+    giving the count evaluated and the smallest peak against the limit; no table."""
+    code, out, err = _run(capsys, *NO_FIT)
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: no candidate fits")
+    assert "evaluated" in lines[0] and "smallest peak" in lines[0] and "GB" in lines[0]
+    assert "samples/s" not in out
+
+
+def test_no_feasible_plan_json_has_null_best(capsys) -> None:
+    """Under --json the object is still printed, with best null and an empty ranking."""
+    code, out, err = _run(capsys, *NO_FIT, "--json")
+    assert code == 1
+    data = json.loads(out)
+    assert data["best"] is None and data["ranked"] == [] and data["evaluated"] > 0
+    assert "no candidate fits" in err

@@ -102,7 +102,8 @@ def test_cli_bad_trace_is_one_line_exit_2(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("error:")
     trace = {"format": "trainsim-trace", "version": 1, "model": "no-such-model",
              "plan": {"dp": 1, "tp": 1, "pp": 1, "micro_batch_size": 1,
-                      "num_micro_batches": 1}, "iteration_times_s": [0.1]}
+                      "num_micro_batches": 1}, "iteration_times_s": [0.1],
+             "ranks": [{"rank": 0, "stage": 0, "compute_s": 0.05}]}
     good = tmp_path / "u.json"
     good.write_text(json.dumps(trace))
     from trainsim.validate.profile_db import ProfileDB, ProfileRow

@@ -39,6 +39,27 @@ def test_global_batch_must_divide() -> None:
         ParallelPlan(dp=2, micro_batch_size=4, global_batch=500)
 
 
+def test_global_batch_smaller_than_one_step() -> None:
+    """A global batch below micro_batch_size·dp says so and suggests multiples of it (1000
+    nodes × 8 GPUs at dp=8000 cannot split 512 samples), never an empty "e.g."."""
+    with pytest.raises(PlanError) as err:
+        ParallelPlan(dp=8000, global_batch=512)
+    text = str(err.value)
+    assert "global_batch=512 is smaller than micro_batch_size×dp=8000" in text
+    assert "use global_batch ≥ 8000, e.g. 8000, 16000, or fewer data-parallel replicas" in text
+    assert "e.g.  " not in text and "e.g. )" not in text
+    with pytest.raises(PlanError, match=r"or a smaller micro_batch_size"):
+        ParallelPlan(micro_batch_size=4, global_batch=2)
+
+
+def test_global_batch_suggestions_are_multiples() -> None:
+    """Every suggested global batch is a multiple of micro_batch_size·dp within two steps."""
+    with pytest.raises(PlanError, match=r"\(e.g. 488, 496, 504 would be\)"):
+        ParallelPlan(dp=8, global_batch=500)
+    with pytest.raises(PlanError, match=r"\(e.g. 8, 16, 24 would be\)"):
+        ParallelPlan(dp=8, global_batch=9)
+
+
 def test_degrees_must_match_gpu_count() -> None:
     """dp·tp·pp ≠ GPUs fails and suggests valid degrees."""
     with pytest.raises(PlanError, match=r"1×1×2 = 2 but the cluster has 4 GPUs \(valid e.g.:"):
@@ -104,6 +125,26 @@ def test_virtual_stages_need_interleaved() -> None:
     with pytest.raises(PlanError, match=r"divisible by pp=4"):
         ParallelPlan.build(MODEL, _cluster(4), pp=4, virtual_stages=2, schedule="interleaved",
                            num_micro_batches=6)
+
+
+def test_interleaved_needs_two_virtual_stages() -> None:
+    """schedule='interleaved' with one chunk per rank would silently be plain 1F1B: refused,
+    suggesting virtual_stages >= 2."""
+    with pytest.raises(PlanError, match=r"plan.schedule='interleaved' with "
+                                        r"plan.virtual_stages=1 .* virtual_stages >= 2"):
+        ParallelPlan(pp=2, schedule="interleaved")
+    assert ParallelPlan(pp=2, schedule="interleaved", virtual_stages=2).num_stages == 4
+
+
+def test_seq_len_refused_for_image_models() -> None:
+    """A Wide-ResNet trains on images: a sequence length (--seq-len) is an error, not ignored."""
+    wresnet = SimpleNamespace(name="wresnet-500m", family="wresnet", num_layers=16,
+                              num_heads=0, num_kv_heads=0, ffn_hidden=0, num_experts=0,
+                              max_seq_len=0, op_names=list)
+    with pytest.raises(PlanError, match=r"plan.seq_len=128: model 'wresnet-500m' is a "
+                                        r"Wide-ResNet"):
+        ParallelPlan.build(wresnet, _cluster(1), seq_len=128)
+    assert ParallelPlan.build(wresnet, _cluster(1)).seq_len is None
 
 
 def test_sequence_parallel_needs_tp() -> None:

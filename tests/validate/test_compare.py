@@ -1,0 +1,53 @@
+"""`sim validate`'s per-kind table: communication is predicted, unmodelled kinds say n/a.
+
+Uses the traces and profile recorded in traces/ (tiny-gpt on 2 CPU processes), so it runs the
+simulator only (about a second), no torch workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainsim.validate.compare import COMM_TASK_KINDS, compare, format_report
+from trainsim.validate.profile_db import ProfileDB
+from trainsim.validate.trace_record import MeasuredTrace
+
+TRACES = Path(__file__).resolve().parents[2] / "traces"
+
+
+@pytest.fixture(scope="module")
+def db() -> ProfileDB:
+    return ProfileDB.load(TRACES / "profile.csv")
+
+
+@pytest.mark.parametrize("plan", ["dp2", "pp2", "tp2"])
+def test_comm_is_predicted_from_the_simulated_tasks(db, plan) -> None:
+    """Predicted comm = the simulated communication tasks (dp all-reduce, pp transfers, tp
+    all-reduces) of each stage's first rank, summed — not 0 with a fake −100 % error; the
+    measured tensor-parallel autograd nodes (tp_comm) are folded into measured comm."""
+    c = compare(MeasuredTrace.load(TRACES / f"tiny-gpt-{plan}.json"), db)
+    kinds = {k["kind"]: k for k in c.kinds}
+    tasks = c.result.tasks
+    pp = c.plan["pp"]
+    expected = float(tasks[(tasks["rank"] < pp)
+                           & tasks["kind"].isin(COMM_TASK_KINDS)]["duration_s"].sum())
+    assert expected > 0
+    assert kinds["comm"]["predicted_s"] == pytest.approx(expected)
+    assert kinds["comm"]["error"] == pytest.approx(
+        (expected - kinds["comm"]["measured_s"]) / kinds["comm"]["measured_s"])
+    assert "tp_comm" not in kinds
+
+
+def test_unpredicted_kind_reports_n_a(db) -> None:
+    """"other" (framework time outside ops) has no prediction: predicted_s and error are None
+    and the report prints n/a; no row of the report shows −100.0 %."""
+    c = compare(MeasuredTrace.load(TRACES / "tiny-gpt-dp2.json"), db)
+    other = {k["kind"]: k for k in c.kinds}["other"]
+    assert other["measured_s"] > 0
+    assert other["predicted_s"] is None and other["error"] is None
+    report = format_report(c)
+    line = next(ln for ln in report.splitlines() if ln.strip().startswith("other"))
+    assert line.split()[-2:] == ["n/a", "n/a"]
+    assert "-100.0%" not in report
