@@ -40,12 +40,7 @@ _TOL_S = 1e-9
 def _slack_kernel(t, pred_ptr, pred_idx):
     """Total float of every node for durations t (0 on the critical path)."""
     n = len(t)
-    ef = np.zeros(n)
-    for i in range(n):
-        st = 0.0
-        for k in range(pred_ptr[i], pred_ptr[i + 1]):
-            st = max(st, ef[pred_idx[k]])
-        ef[i] = st + t[i]
+    ef = finish_times_kernel(t, pred_ptr, pred_idx)
     makespan = ef.max() if n else 0.0
     lf = np.full(n, makespan)
     for i in range(n - 1, -1, -1):
