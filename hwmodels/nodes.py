@@ -253,11 +253,6 @@ def instance_price(instance: str) -> Price:
     )
 
 
-def list_instances() -> list[str]:
-    """Names of every priced cloud instance."""
-    return list(_prices()[0])
-
-
 def default_price(gpu: GpuSpec, node_type: NodeType | None = None) -> Price:
     """Price per GPU-hour of `gpu`: the node type's own instance if it is built with this GPU,
     else the GPU type's reference price in prices.json."""

@@ -121,15 +121,6 @@ class _Curve:
         return np.interp(np.log10(x), self.log_x, self.y)
 
 
-@dataclass(frozen=True, slots=True)
-class _GpuCurves:
-    compute: dict[str, _Curve]
-    memory: _Curve
-    launch_overhead_s: float
-    peaks: dict[str, float]
-    """Peak FLOP/s at f_max by class peak kind ("tensor" per dtype handled at call)."""
-
-
 @cache
 def _efficiency_data() -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, Any]]:
     data = load_json(_FILE)

@@ -72,9 +72,23 @@ def all_max(dag: InstructionDag, *, unit_s: float = DEFAULT_UNIT_S) -> FrontierP
     return _plan_point(dag, dag.uniform_plan(pick), unit_s)
 
 
-def _steps(dag: InstructionDag, b: int) -> np.ndarray:
-    """Clocks of a block, ascending."""
-    return np.sort(dag.options(b)[0])
+def block_clocks(dag: InstructionDag) -> list[np.ndarray]:
+    """Profiled clocks of every block, ascending."""
+    return [np.sort(dag.options(b)[0]) for b in range(len(dag.block_keys))]
+
+
+def raise_clocks(dag: InstructionDag, freq: np.ndarray, nodes: np.ndarray,
+                 clocks: list[np.ndarray]) -> bool:
+    """Move each of `nodes` to its next higher profiled clock (in place); False when every one
+    is already at its top clock — the termination test of the tightening loops."""
+    raised = False
+    for i in nodes:
+        c = clocks[int(dag.block[i])]
+        k = int(np.searchsorted(c, freq[i], side="right"))
+        if k < len(c):
+            freq[i] = c[k]
+            raised = True
+    return raised
 
 
 def tighten(dag: InstructionDag, freq: np.ndarray, deadline_s: float, *,
@@ -85,21 +99,14 @@ def tighten(dag: InstructionDag, freq: np.ndarray, deadline_s: float, *,
     the next profiled one; terminates because the all-max plan is the fastest possible.
     """
     freq = np.array(freq, dtype=float)
-    clocks = [_steps(dag, b) for b in range(len(dag.block_keys))]
+    clocks = block_clocks(dag)
     for _ in range(sum(len(c) for c in clocks) + 1):
         t, e = dag.node_time_energy(freq)
         slack = _slack_kernel(t, dag.pred_ptr, dag.pred_idx)
         makespan = float(finish_times_kernel(t, dag.pred_ptr, dag.pred_idx).max())
         if makespan <= deadline_s + _TOL_S:
             return make_point(dag, freq, t, e, unit_s)
-        raised = False
-        for i in np.flatnonzero(slack <= _TOL_S):
-            c = clocks[int(dag.block[i])]
-            k = int(np.searchsorted(c, freq[i], side="right"))
-            if k < len(c):
-                freq[i] = c[k]
-                raised = True
-        if not raised:
+        if not raise_clocks(dag, freq, np.flatnonzero(slack <= _TOL_S), clocks):
             break
     t, e = dag.node_time_energy(freq)
     return make_point(dag, freq, t, e, unit_s)
@@ -145,7 +152,7 @@ def envpipe(dag: InstructionDag, *, unit_s: float = DEFAULT_UNIT_S) -> Baseline:
     top = all_max(dag, unit_s=unit_s)
     t_max, _ = dag.node_time_energy(top.freq_mhz)
     envelope = _slack_kernel(t_max, dag.pred_ptr, dag.pred_idx) <= _TOL_S
-    clocks = [_steps(dag, b) for b in range(len(dag.block_keys))]
+    clocks = block_clocks(dag)
     freq = np.array([clocks[int(b)][0] for b in dag.block], dtype=float)
     freq[envelope] = top.freq_mhz[envelope]
     point = tighten(dag, freq, top.time_s, unit_s=unit_s)

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from trainsim.errors import SimulationError, SpecError
+from trainsim.search.energy_baselines import block_clocks, raise_clocks
 from trainsim.search.energy_dag import InstructionDag
 from trainsim.search.energy_replay import REPLAY_RTOL, ReplayCheck
 
@@ -152,7 +153,7 @@ def tighten(dag: InstructionDag, freq_mhz: np.ndarray, deadline_s: float,
     slack computed on the DAG plus transfers and optimizer steps.
     """
     freq = np.array(freq_mhz, dtype=float)
-    clocks = [np.sort(dag.options(b)[0]) for b in range(len(dag.block_keys))]
+    clocks = block_clocks(dag)
     succ: list[list[int]] = [[] for _ in range(dag.num_nodes)]
     for i in range(dag.num_nodes):
         for q in dag.pred_idx[dag.pred_ptr[i]:dag.pred_ptr[i + 1]]:
@@ -173,14 +174,7 @@ def tighten(dag: InstructionDag, freq_mhz: np.ndarray, deadline_s: float,
             for j in succ[i]:
                 latest[i] = min(latest[i], latest[j] - t[j]
                                 - extras.edge_delay_s.get((i, j), 0.0))
-        raised = False
-        for i in np.flatnonzero(latest - finish <= tol):
-            c = clocks[int(dag.block[i])]
-            k = int(np.searchsorted(c, freq[i], side="right"))
-            if k < len(c):
-                freq[i] = c[k]
-                raised = True
-        if not raised:
+        if not raise_clocks(dag, freq, np.flatnonzero(latest - finish <= tol), clocks):
             break
     return freq
 

@@ -334,11 +334,6 @@ _ALGORITHMS: dict[str, dict[str, Callable[..., list[CommPhase]]]] = {
 """Per collective kind, its algorithms; under "auto" they are tried in this order."""
 
 
-def collective_kinds() -> list[str]:
-    """Collective kinds `plan_collective` knows."""
-    return sorted(_ALGORITHMS)
-
-
 def plan_collective(
     kind: str,
     ranks: tuple[int, ...],

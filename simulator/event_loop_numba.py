@@ -157,6 +157,21 @@ def _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rat
 
 
 @_jit
+def _fixed_part_done(
+    t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users,
+    member_ptr, member_queue, member_pos, queue_ptr, queue_task,
+    succ_ptr, succ_idx, wait, end, stack, state,
+):
+    """Task `t`'s fixed part is over: it starts its transfer, or ends if it moves no bytes."""
+    if comm[t] > 0:
+        _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users,
+                        state)
+    else:
+        _end_task(t, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
+                  succ_ptr, succ_idx, wait, end, stack, state)
+
+
+@_jit
 def init_state(
     duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
     succ_ptr, succ_idx, link_ptr, link_idx, bandwidth,
@@ -203,13 +218,10 @@ def advance(
                 state[ST_HEAP] = _heap_push(
                     heap_time, heap_task, int(state[ST_HEAP]), now + duration[t], t
                 )
-            elif comm[t] > 0:
-                _start_transfer(
-                    t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users, state
-                )
             else:
-                _end_task(
-                    t, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
+                _fixed_part_done(
+                    t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users,
+                    member_ptr, member_queue, member_pos, queue_ptr, queue_task,
                     succ_ptr, succ_idx, wait, end, stack, state,
                 )  # fmt: skip
         if state[ST_ENDED] >= target:
@@ -261,14 +273,10 @@ def advance(
             now = next_fixed
             t = heap_task[0]
             state[ST_HEAP] = _heap_pop(heap_time, heap_task, heap_size)
-            if comm[t] > 0:
-                _start_transfer(
-                    t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users, state
-                )
-            else:
-                _end_task(
-                    t, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
-                    succ_ptr, succ_idx, wait, end, stack, state,
-                )  # fmt: skip
+            _fixed_part_done(
+                t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users,
+                member_ptr, member_queue, member_pos, queue_ptr, queue_task,
+                succ_ptr, succ_idx, wait, end, stack, state,
+            )  # fmt: skip
         state[ST_NOW] = now
     state[ST_NOW] = now
