@@ -8,6 +8,14 @@ deeper (multi-hop: up to `max_hops` moves that do not improve on their own, dept
 when that fails too it restarts from the best plan it has not yet started from. It stops when
 the time budget is spent or every restart is exhausted.
 
+Three things keep the search cheap where trainsim's Oracle costs more per plan than Aceso's
+analytic model: no config is evaluated twice in one search (a migration and its reverse, or
+mbs*2 then mbs/2, lead back to seen plans — before this check most evaluations of a long
+search were such repeats); migrations are sized from the Oracle's per-stage busy times
+(`rebalance`, `balance_moves`), so balancing a 1024-layer pipeline takes a few moves rather
+than one per layer; and a deeper hop follows both the best child and the fastest one even
+when it is over memory (`hop_children`), the move pairs Aceso's multi-hop exists for.
+
 Unlike Aceso's analytic cost model, every candidate here is costed by trainsim's Oracle, which
 also counts data-parallel gradient reduction, the optimizer step and compute/communication
 overlap, so the plans the search prefers hold up in simulation. Starts can include given
@@ -17,6 +25,7 @@ on the same Oracle and the ranking keeps the best plan seen.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +34,12 @@ from trainsim.search.aceso_moves import (
     RECOMPUTE_LADDER,
     AcesoConfig,
     AcesoStage,
+    Move,
     check_config,
     config_of,
+    migrate,
     moves,
+    op_groups,
 )
 from trainsim.search.planner import SearchRecord, SearchState, memory_ratio
 
@@ -48,6 +60,11 @@ def recompute_ladder(model: Any) -> tuple[str, ...]:
     return RECOMPUTE_LADDER if selective else ("none", "full")
 
 
+ROOMY_MEMORY_RATIO = 0.5
+"""Peak / limit on every stage at or below which a time-bound node tries mbs*2 first: doubling
+the micro-batch at most doubles activation memory, so it still fits."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AcesoPlanner:
     """Aceso's search on the Oracle."""
@@ -59,11 +76,14 @@ class AcesoPlanner:
     max_hops: int = 2
     """Moves the depth-first search may chain without improving (Aceso's multi-hop)."""
     branch: int = 6
-    """Moves tried per level beyond the first."""
+    """Moves tried per node at hops 1.. (+ 2 and the sized migrations); hop 0 tries all."""
     max_restarts: int = 8
     """Restarts from near-best plans after the seeds."""
     seeds: Sequence[int] | None = field(default=None)
     """Pipeline depths of the balanced seeds; powers of two up to min(GPUs, blocks) if None."""
+    per_op_tp: bool = True
+    """Also try per-op tensor-parallel degrees (Aceso's op-level tp over the model's
+    `op_groups`, heaviest first; `aceso_moves.moves` places them after the stage's own tp)."""
 
     # ------------------------------------------------------------------ setup
     def _context(self, state: SearchState) -> dict[str, Any]:
@@ -100,10 +120,13 @@ class AcesoPlanner:
     def steps(self, state: SearchState) -> Iterator[SearchRecord]:
         """Seeds and given starts, then bottleneck-driven multi-hop DFS with restarts."""
         ctx = self._context(state)
+        groups = op_groups(state.model) if self.per_op_tp else ()
         configs: dict[str, AcesoConfig] = {}
+        visited: set[AcesoConfig] = set()
         batch = ctx["global_batch"]
 
         def run(cfg: AcesoConfig, note: str) -> SearchRecord:
+            visited.add(cfg)
             record = state.evaluate(cfg.to_fields(batch), note)
             configs[record.summary.plan_key] = cfg
             return record
@@ -118,17 +141,27 @@ class AcesoPlanner:
                 cfg = config_of(rec.plan, ctx["num_layers"])
                 if cfg.stages[0].recompute not in ctx["ladder"]:
                     continue
+                visited.add(cfg)
                 configs[rec.summary.plan_key] = cfg
                 starts.append(rec)
-        for cfg in self.seed_configs(ctx):
-            if state.out_of_time():
-                return
-            rec = run(cfg, f"seed pp={len(cfg.stages)} rc={cfg.stages[0].recompute}")
-            yield rec
-            starts.append(rec)
+        seeds = self.seed_configs(ctx)
 
+        def run_seeds() -> Iterator[SearchRecord]:
+            while seeds and not state.out_of_time():
+                cfg = seeds.pop(0)
+                if cfg not in visited:
+                    rec = run(cfg, f"seed pp={len(cfg.stages)} rc={cfg.stages[0].recompute}")
+                    yield rec
+                    starts.append(rec)
+                    pending.append(rec)
+
+        # A given start (grid's best) is searched from first; the balanced seeds are only
+        # evaluated once its DFS ends, so a tight budget goes to moves from the best plan.
         used: set[str] = set()
         pending = sorted(starts, key=lambda r: state.key(r.summary))
+        if not pending:
+            yield from run_seeds()
+            pending.sort(key=lambda r: state.key(r.summary))
         restarts = 0
         while pending and not state.out_of_time():
             start = pending.pop(0)
@@ -138,13 +171,14 @@ class AcesoPlanner:
             current = start
             while not state.out_of_time():
                 found: list[SearchRecord | None] = [None]
-                yield from self._dfs(state, ctx, configs, current, state.key(current.summary),
-                                     0, found, run)
+                yield from self._dfs(state, ctx, configs, visited, current,
+                                     state.key(current.summary), 0, found, run, groups)
                 if found[0] is None:
                     break
                 current = found[0]
                 used.add(current.summary.plan_key)
             restarts += 1
+            yield from run_seeds()
             if restarts > len(starts) + self.max_restarts:
                 break
             near = sorted((r for r in state.log if r.summary.plan_key not in used
@@ -153,33 +187,42 @@ class AcesoPlanner:
             pending = near[:1] + [p for p in pending if p.summary.plan_key not in used]
 
     def _dfs(self, state: SearchState, ctx: dict[str, Any], configs: dict[str, AcesoConfig],
-             node: SearchRecord, target: tuple[int, float], depth: int,
-             found: list[SearchRecord | None], run: Any) -> Iterator[SearchRecord]:
+             visited: set[AcesoConfig], node: SearchRecord, target: tuple[int, float],
+             depth: int, found: list[SearchRecord | None], run: Any,
+             groups: tuple[tuple[str, ...], ...] = ()) -> Iterator[SearchRecord]:
         """Depth-first over moves from `node`; sets found[0] to the first plan better than
-        `target` (multi-hop: up to max_hops non-improving moves in a row)."""
+        `target` (multi-hop: up to max_hops non-improving moves in a row). Configs already
+        evaluated in this search are skipped, so every evaluation is a new plan."""
         cfg = configs[node.summary.plan_key]
         summary = node.summary
-        mem = tuple(summary.peak_memory_bytes_per_rank)
+        n = len(cfg.stages)
         limit = state.spec.memory_limit_bytes
         over = summary.error is None and memory_ratio(summary, limit) > 1.0
-        if over and len(mem) == len(cfg.stages):
-            caps = summary.memory_capacity_bytes_per_rank
-            ratio = [m / min(c, limit or c) for m, c in zip(mem, caps)]
-            b = max(range(len(ratio)), key=ratio.__getitem__)
-        elif len(summary.stage_busy_s) == len(cfg.stages):
-            b = max(range(len(cfg.stages)), key=summary.stage_busy_s.__getitem__)
+        ratios = stage_memory_ratios(summary, n, limit)
+        busy = summary.stage_busy_s if len(summary.stage_busy_s) == n else ()
+        if over and ratios:
+            b = max(range(n), key=ratios.__getitem__)
+        elif busy:
+            b = max(range(n), key=busy.__getitem__)
         else:
             b = 0
+        extra = list(balance_moves(cfg, b, busy_s=busy, memory_ratios=ratios,
+                                   memory_bound=over))
         children: list[SearchRecord] = []
         tried = 0
-        for move in moves(cfg, b, memory_bound=over, busy_s=summary.stage_busy_s,
-                          ladder=ctx["ladder"]):
-            if state.out_of_time() or tried >= self.branch + 2:
+        # Every move from the node itself (hop 0: Aceso tries them all, and with many stages
+        # the GPU trades alone would crowd mbs*2 out); `branch` + 2 per node deeper down.
+        cap = self.branch + 2 + len(extra) if depth else math.inf
+        order = [*extra, *moves(cfg, b, memory_bound=over, busy_s=busy, ladder=ctx["ladder"],
+                                op_groups=groups)]
+        if not over and ratios and max(ratios) <= ROOMY_MEMORY_RATIO:
+            # Memory to spare: a larger micro-batch (fewer, more efficient kernels; fewer
+            # micro-batches to simulate) is the likeliest gain, so it goes first.
+            order.sort(key=lambda m: m.name != "mbs*2")
+        for move in order:
+            if state.out_of_time() or tried >= cap:
                 break
-            if not check_config(move.config, **ctx):
-                continue
-            fields = move.config.to_fields(ctx["global_batch"])
-            if state.seen(fields) is not None:
+            if move.config in visited or not check_config(move.config, **ctx):
                 continue
             tried += 1
             rec = run(move.config, f"{move.name} (hop {depth})")
@@ -191,12 +234,104 @@ class AcesoPlanner:
                 children.append(rec)
         if depth + 1 > self.max_hops:
             return
-        for child in sorted(children, key=lambda r: state.key(r.summary))[:2]:
+        for child in hop_children(children, state):
             if state.out_of_time():
                 return
-            yield from self._dfs(state, ctx, configs, child, target, depth + 1, found, run)
+            yield from self._dfs(state, ctx, configs, visited, child, target, depth + 1,
+                                 found, run, groups)
             if found[0] is not None:
                 return
 
 
-__all__ = ["AcesoPlanner", "num_blocks", "recompute_ladder"]
+def hop_children(children: Sequence[SearchRecord], state: SearchState) -> list[SearchRecord]:
+    """Where a multi-hop search goes deeper: the best child by the search order, and the
+    fastest child even when it is over memory (Aceso's multi-hop: a move that speeds the
+    bottleneck up but breaks memory, then one that repairs memory)."""
+    if not children:
+        return []
+    best = min(children, key=lambda r: state.key(r.summary))
+    fast = max(children, key=lambda r: (r.summary.samples_per_s, -r.step))
+    return [best] if fast is best else [best, fast]
+
+
+def stage_memory_ratios(summary: Any, num_stages: int, limit_bytes: float | None
+                        ) -> tuple[float, ...]:
+    """Per stage: peak memory over its allowance (min of the limit and the device), when the
+    Summary has one program rank per stage (else ())."""
+    mem = summary.peak_memory_bytes_per_rank
+    caps = summary.memory_capacity_bytes_per_rank
+    if summary.error is not None or len(mem) != num_stages or len(caps) != num_stages:
+        return ()
+    return tuple(m / min(c, limit_bytes or c) for m, c in zip(mem, caps))
+
+
+def rebalance(cfg: AcesoConfig, busy_s: Sequence[float]) -> AcesoConfig | None:
+    """Layers re-split over the same stages in proportion to each stage's speed.
+
+    Stage i ran ℓ_i layers in busy_s[i], so it takes t_i = busy_s[i] / ℓ_i per layer; giving it
+    ℓ'_i ∝ 1 / t_i layers makes every stage's time equal if per-layer time stays t_i (largest-
+    remainder rounding, ≥ 1 layer each). A stage's fixed work (embedding, head) inflates its t_i,
+    so the move is repeated by the search until the stages agree. One evaluation balances a
+    pipeline whatever its depth in layers — where one-layer migrations need O(layers) steps.
+    """
+    n = len(cfg.stages)
+    if n < 2 or len(busy_s) != n or min(busy_s) <= 0:
+        return None
+    total = sum(s.layers for s in cfg.stages)
+    speed = [s.layers / t for s, t in zip(cfg.stages, busy_s)]
+    share = [total * v / sum(speed) for v in speed]
+    layers = [max(1, int(x)) for x in share]
+    order = sorted(range(n), key=lambda i: (-(share[i] - int(share[i])), i))
+    k = 0
+    while sum(layers) < total:
+        layers[order[k % n]] += 1
+        k += 1
+    while sum(layers) > total:
+        i = max((j for j in range(n) if layers[j] > 1), key=lambda j: layers[j] - share[j])
+        layers[i] -= 1
+    if layers == [s.layers for s in cfg.stages]:
+        return None
+    out = cfg
+    for i, count in enumerate(layers):
+        out = out.with_stage(i, layers=count)
+    return out
+
+
+def balance_moves(cfg: AcesoConfig, b: int, *, busy_s: Sequence[float],
+                  memory_ratios: Sequence[float], memory_bound: bool) -> Iterator[Move]:
+    """Migrations sized from the Oracle's figures, tried before Aceso's one-op steps.
+
+    Time-bound: the proportional `rebalance`, then moving k = (busy_b − busy_j) / (t_b + t_j)
+    layers to each neighbour j (equal times if per-layer times t hold). Memory-bound: moving
+    k = ⌈ℓ_b (1 − 1/ratio_b)⌉ layers to the neighbour with more headroom (memory taken as
+    proportional to layers). Sizes of one are left to `moves`, which has them.
+    """
+    n = len(cfg.stages)
+    s = cfg.stages[b]
+    neighbours = [j for j in (b - 1, b + 1) if 0 <= j < n]
+    if memory_bound:
+        if len(memory_ratios) != n or memory_ratios[b] <= 1.0:
+            return
+        k = math.ceil(s.layers * (1.0 - 1.0 / memory_ratios[b]))
+        for j in sorted(neighbours, key=lambda j: memory_ratios[j]):
+            k_j = min(k, s.layers - 1)
+            new = migrate(cfg, b, j, k_j) if k_j >= 2 else None
+            if new is not None:
+                yield Move(name=f"migrate{k_j} s{b}->s{j}", config=new)
+        return
+    if len(busy_s) != n or min(busy_s) <= 0:
+        return
+    new = rebalance(cfg, busy_s)
+    if new is not None:
+        yield Move(name="rebalance", config=new)
+    t_b = busy_s[b] / s.layers
+    for j in sorted(neighbours, key=lambda j: busy_s[j]):
+        t_j = busy_s[j] / cfg.stages[j].layers
+        k = min(round((busy_s[b] - busy_s[j]) / (t_b + t_j)), s.layers - 1)
+        new = migrate(cfg, b, j, k) if k >= 2 else None
+        if new is not None:
+            yield Move(name=f"migrate{k} s{b}->s{j}", config=new)
+
+
+__all__ = ["AcesoPlanner", "balance_moves", "num_blocks", "rebalance", "recompute_ladder",
+           "stage_memory_ratios"]

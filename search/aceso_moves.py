@@ -2,18 +2,24 @@
 
 An `AcesoConfig` is a list of pipeline stages — each a contiguous run of the model's layers on
 1/2/4/8… GPUs (a power of two, node-aligned), with its own tensor-parallel degree (its data-
-parallel degree is GPUs / tp) and recompute policy — and one micro-batch size for the whole
-pipeline (split over each stage's data-parallel replicas). `to_fields` turns it into
-ParallelPlan fields (`stage_gpus`, `stage_tp`, `stage_layers`, `stage_recompute`).
+parallel degree is GPUs / tp), per-op degrees for some of its ops (each op at degree t runs on
+GPUs / t data-parallel replicas; Aceso §3) and a recompute policy — and one micro-batch size
+for the whole pipeline (split over each stage's data-parallel replicas). `to_fields` turns it
+into ParallelPlan fields (`stage_gpus`, `stage_tp`, `stage_layers`, `stage_recompute`, and
+`stage_op_tp` when some stage has per-op degrees).
 
 Moves change one thing around a bottleneck stage: migrate layers to a neighbour, raise or lower
-its tp (trading dp), take GPUs from another stage, split or merge stages, double or halve the
-micro-batch, switch its recompute up or down the ladder none → selective → full. Every move
-returns a config that `check_config` accepts or None.
+its tp (trading dp), raise or lower the degree of one op group of it (`op_groups`: a block's
+attention or MLP ops, heaviest first, so the op kinds whose time dominates move first; the
+resharding between groups is costed by workloads/op_parallel.py), take GPUs from another stage,
+split or merge stages, double or halve the micro-batch, switch its recompute up or down the
+ladder none → selective → full. A move may return a config `check_config` refuses (callers
+filter) or None.
 
-Out of scope (documented, not silently approximated): Aceso's per-*op* tp/dp degrees and
-partition dimensions (trainsim's lowering refuses `op_tp`: resharding between ops is not
-modelled) and stage boundaries inside a layer (trainsim partitions at layer granularity).
+Partition dimension: every op keeps Megatron's default partition (the first of `op.shardings`:
+column for the first GEMM of a pair, row for the second, heads for the attention core); Aceso's
+swapped column/row option (`algo` 1) is not searched. Out of scope: stage boundaries inside a
+layer (trainsim partitions at layer granularity).
 """
 
 from __future__ import annotations
@@ -43,11 +49,23 @@ class AcesoStage:
     """Tensor-parallel degree (divides gpus); dp = gpus / tp."""
     recompute: str = "none"
     """none, selective or full."""
+    op_tp: tuple[tuple[str, int], ...] = ()
+    """(op name, degree) of ops not at `tp`; sorted, clamped to `gpus`, entries equal to `tp`
+    dropped, so equal stages compare (and hash) equal."""
+
+    def __post_init__(self) -> None:
+        degrees = {n: min(t, self.gpus) for n, t in self.op_tp}
+        object.__setattr__(self, "op_tp", tuple(sorted((n, t) for n, t in degrees.items()
+                                                       if t != self.tp)))
 
     @property
     def dp(self) -> int:
         """Data-parallel degree."""
         return self.gpus // self.tp
+
+    def degree(self, op: str) -> int:
+        """Tensor-parallel degree of op `op` on this stage."""
+        return dict(self.op_tp).get(op, self.tp)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,14 +77,19 @@ class AcesoConfig:
     """Samples per pipeline micro-batch (all replicas of a stage together)."""
 
     def to_fields(self, global_batch: int) -> dict[str, Any]:
-        """ParallelPlan fields of this config."""
-        return {"pp": len(self.stages), "dp": 1, "tp": 1,
-                "stage_gpus": [s.gpus for s in self.stages],
-                "stage_tp": [s.tp for s in self.stages],
-                "stage_layers": [s.layers for s in self.stages],
-                "stage_recompute": [s.recompute for s in self.stages],
-                "micro_batch_size": self.micro_batch_size, "global_batch": global_batch,
-                "schedule": "1f1b"}
+        """ParallelPlan fields of this config (`stage_op_tp` only where some stage has
+        per-op degrees, so one-degree configs give the same fields as before)."""
+        fields: dict[str, Any] = {
+            "pp": len(self.stages), "dp": 1, "tp": 1,
+            "stage_gpus": [s.gpus for s in self.stages],
+            "stage_tp": [s.tp for s in self.stages],
+            "stage_layers": [s.layers for s in self.stages],
+            "stage_recompute": [s.recompute for s in self.stages],
+            "micro_batch_size": self.micro_batch_size, "global_batch": global_batch,
+            "schedule": "1f1b"}
+        if any(s.op_tp for s in self.stages):
+            fields["stage_op_tp"] = [dict(s.op_tp) for s in self.stages]
+        return fields
 
     def with_stage(self, i: int, **changes: Any) -> AcesoConfig:
         stages = list(self.stages)
@@ -83,17 +106,19 @@ def config_of(plan: Any, num_layers: int) -> AcesoConfig:
         rc = plan.recompute_of_stage(s)
         stages.append(AcesoStage(layers=layers[s], gpus=plan.gpus_of_stage(s),
                                  tp=plan.tp_of_stage(s),
-                                 recompute=rc if isinstance(rc, str) else "selective"))
+                                 recompute=rc if isinstance(rc, str) else "selective",
+                                 op_tp=tuple(plan.op_tp_of_stage(s).items())))
     mbs = plan.micro_batch_size * (plan.dp if plan.stage_gpus is None else 1)
     return AcesoConfig(stages=tuple(stages), micro_batch_size=mbs)
 
 
 def check_config(cfg: AcesoConfig, *, num_gpus: int, gpus_per_node: int, num_layers: int,
-                 global_batch: int, heads: int = 0, ladder: tuple[str, ...] = RECOMPUTE_LADDER
-                 ) -> bool:
+                 global_batch: int, heads: int = 0, ladder: tuple[str, ...] = RECOMPUTE_LADDER,
+                 ffn: int = 0) -> bool:
     """True when `cfg` is a valid Aceso plan: GPUs add up, powers of two, node-aligned
     (a stage within one node, or whole nodes), tp | gpus and | heads, dp | micro-batch,
-    micro-batch | global batch, ≥ 1 layer per stage, layers add up."""
+    micro-batch | global batch, ≥ 1 layer per stage, layers add up; each per-op degree a
+    power of two dividing the stage's GPUs, the heads and the FFN width, its dp | micro-batch."""
     if sum(s.gpus for s in cfg.stages) != num_gpus:
         return False
     if sum(s.layers for s in cfg.stages) != num_layers:
@@ -109,6 +134,10 @@ def check_config(cfg: AcesoConfig, *, num_gpus: int, gpus_per_node: int, num_lay
             return False
         if mbs % s.dp or s.recompute not in ladder:
             return False
+        for _, t in s.op_tp:
+            if not _pow2(t) or s.gpus % t or (heads and heads % t) or (ffn and ffn % t) \
+                    or mbs % (s.gpus // t):
+                return False
         if s.gpus <= gpus_per_node:
             if start // gpus_per_node != (start + s.gpus - 1) // gpus_per_node:
                 return False
@@ -142,6 +171,45 @@ def set_tp(cfg: AcesoConfig, i: int, tp: int) -> AcesoConfig | None:
     if tp == s.tp or tp < 1 or s.gpus % tp:
         return None
     return cfg.with_stage(i, tp=tp)
+
+
+def set_op_tp(cfg: AcesoConfig, i: int, ops: tuple[str, ...], tp: int) -> AcesoConfig | None:
+    """Run ops `ops` of stage i at degree `tp` (their dp becomes gpus / tp)."""
+    s = cfg.stages[i]
+    if tp < 1 or s.gpus % tp or all(s.degree(op) == tp for op in ops):
+        return None
+    return cfg.with_stage(i, op_tp=(*s.op_tp, *((op, tp) for op in ops)))
+
+
+def _group_key(name: str) -> str:
+    """"attn.qkv" -> "attn"; "conv2" and "bn2" -> "2"; "downsample" -> itself."""
+    if "." in name:
+        return name.split(".")[0]
+    stem = name.rstrip("0123456789")
+    return name[len(stem):] or name
+
+
+def op_groups(model: Any) -> tuple[tuple[str, ...], ...]:
+    """Op groups a per-op move changes together, heaviest (forward + backward FLOPs per block)
+    first: ops named "<group>.<op>" group by prefix (a block's attention, its MLP), others
+    by their trailing number (Wide-ResNet's conv1 + bn1); only groups with a GEMM or
+    convolution (degrees of elementwise ops alone do not pay for their resharding). The
+    moves then raise or lower the op kinds whose time dominates the bottleneck first."""
+    from trainsim.workloads.model import build_graph
+
+    weight: dict[str, float] = {}
+    members: dict[str, list[str]] = {}
+    heavy: set[str] = set()
+    for layer in build_graph(model, 1).transformer_layers():
+        for op in layer.ops:
+            key = _group_key(op.name)
+            if op.name not in members.setdefault(key, []):
+                members[key].append(op.name)
+            weight[key] = weight.get(key, 0.0) + op.fwd_flops + op.bwd_flops
+            if op.is_matmul and op.params > 0:
+                heavy.add(key)
+    order = sorted((k for k in members if k in heavy), key=lambda k: (-weight[k], k))
+    return tuple(tuple(members[k]) for k in order)
 
 
 def trade_gpus(cfg: AcesoConfig, to: int, donor: int) -> AcesoConfig | None:
@@ -191,15 +259,18 @@ def merge_stages(cfg: AcesoConfig, i: int) -> AcesoConfig | None:
     if not _pow2(a.gpus + b.gpus):
         return None
     merged = AcesoStage(layers=a.layers + b.layers, gpus=a.gpus + b.gpus, tp=max(a.tp, b.tp),
-                        recompute=max(a.recompute, b.recompute, key=RECOMPUTE_LADDER.index))
+                        recompute=max(a.recompute, b.recompute, key=RECOMPUTE_LADDER.index),
+                        op_tp=a.op_tp if a.op_tp == b.op_tp else ())
     return replace(cfg, stages=cfg.stages[:i] + (merged,) + cfg.stages[i + 2:])
 
 
 def moves(cfg: AcesoConfig, bottleneck: int, *, memory_bound: bool,
-          busy_s: tuple[float, ...] = (), ladder: tuple[str, ...] = RECOMPUTE_LADDER
-          ) -> Iterator[Move]:
+          busy_s: tuple[float, ...] = (), ladder: tuple[str, ...] = RECOMPUTE_LADDER,
+          op_groups: tuple[tuple[str, ...], ...] = ()) -> Iterator[Move]:
     """Candidate moves around the bottleneck stage, most promising first (Aceso §4.2: the
-    order follows what dominates the bottleneck — memory, recompute, compute, parallelism)."""
+    order follows what dominates the bottleneck — memory, recompute, compute, parallelism).
+    Per-op degree moves are tried for the `op_groups` given (heaviest first; see
+    `op_groups(model)`), none when empty."""
     b = bottleneck
     n = len(cfg.stages)
     s = cfg.stages[b]
@@ -213,6 +284,8 @@ def moves(cfg: AcesoConfig, bottleneck: int, *, memory_bound: bool,
             for j in neighbours:
                 yield f"migrate s{b}->s{j}", migrate(cfg, b, j)
             yield f"tp*2 s{b}", set_tp(cfg, b, s.tp * 2)
+            for g in op_groups:
+                yield f"op-tp*2 {g[0]} s{b}", set_op_tp(cfg, b, g, s.degree(g[0]) * 2)
             yield "mbs/2", set_micro_batch(cfg, 0.5)
             for j in donors:
                 yield f"gpus s{j}->s{b}", trade_gpus(cfg, b, j)
@@ -226,6 +299,10 @@ def moves(cfg: AcesoConfig, bottleneck: int, *, memory_bound: bool,
             yield f"gpus s{j}->s{b}", trade_gpus(cfg, b, j)
         yield f"tp/2 s{b}", set_tp(cfg, b, s.tp // 2) if s.tp > 1 else None
         yield f"tp*2 s{b}", set_tp(cfg, b, s.tp * 2)
+        for g in op_groups:
+            t = s.degree(g[0])
+            yield f"op-tp/2 {g[0]} s{b}", set_op_tp(cfg, b, g, t // 2) if t > 1 else None
+            yield f"op-tp*2 {g[0]} s{b}", set_op_tp(cfg, b, g, t * 2)
         yield "mbs*2", set_micro_batch(cfg, 2)
         yield "mbs/2", set_micro_batch(cfg, 0.5)
         for j in neighbours:
@@ -243,5 +320,5 @@ def moves(cfg: AcesoConfig, bottleneck: int, *, memory_bound: bool,
 
 
 __all__ = ["RECOMPUTE_LADDER", "AcesoConfig", "AcesoStage", "Move", "check_config", "config_of",
-           "merge_stages", "migrate", "moves", "set_micro_batch", "set_recompute", "set_tp",
-           "split_stage", "trade_gpus"]
+           "merge_stages", "migrate", "moves", "op_groups", "set_micro_batch", "set_op_tp",
+           "set_recompute", "set_tp", "split_stage", "trade_gpus"]

@@ -1,7 +1,9 @@
 """`sim energy ...`: GPU frequency plans on the iteration time–energy frontier (Perseus).
 
-`frontier` computes the frontier, the baselines and the intrinsic saving; `pick` chooses the
-plan for a straggler's iteration time. Inputs are a Perseus profile CSV or a model + cluster +
+`frontier` computes the frontier, the baselines and the intrinsic saving (Perseus's: the
+fastest frontier plan vs all-max over the same time, search/energy_straggler.py); `pick` chooses
+the plan for a straggler's iteration time, and `--straggler-table` lists the savings vs all-max
+for slowdowns 1.0–1.5. Inputs are a Perseus profile CSV or a model + cluster +
 plan costed by trainsim's DVFS model. In model mode the summary adds `lowered`: the all-max and
 no-slowdown plans as `lower()` runs them (transfers and optimizer step included,
 search/energy_lowered.py), predicted and simulated, and `--out` also writes them as ParallelPlan
@@ -171,15 +173,15 @@ def _compute_with_progress(dag: Any, unit_s: float) -> Any:
 
 def _run_frontier(dag: Any, unit_s: float) -> dict[str, Any]:
     from trainsim.search.energy_baselines import all_baselines
-    from trainsim.search.energy_frontier import energy_at
+    from trainsim.search.energy_straggler import intrinsic_saving
     if not (unit_s > 0 and unit_s < float("inf")):
         raise SpecError(f"--unit-s {unit_s!r} must be a finite number of seconds > 0")
     fr = _compute_with_progress(dag, unit_s)
     baselines = all_baselines(dag, unit_s=unit_s)
     top = baselines[0].point
-    e0 = energy_at(fr.points, top.time_s, dag.profile.blocking_power_w, dag.num_stages)
-    return {"frontier": fr, "baselines": baselines, "all_max": top,
-            "intrinsic_saving": 1.0 - e0 / top.energy_j}
+    intrinsic = intrinsic_saving(fr.points, top, blocking_power_w=dag.profile.blocking_power_w,
+                                 num_stages=dag.num_stages)
+    return {"frontier": fr, "baselines": baselines, "all_max": top, "intrinsic": intrinsic}
 
 
 def _write(out: Path, dag: Any, res: dict[str, Any], chosen: Any, extra: dict[str, Any]) -> None:
@@ -205,11 +207,28 @@ def _summary(dag: Any, res: dict[str, Any]) -> dict[str, Any]:
         "all_max": {"time_s": top.time_s, "energy_j": top.energy_j},
         "frontier": [{"time_s": p.time_s, "energy_j": p.energy_j}
                      for p in res["frontier"].points],
-        "intrinsic_saving": res["intrinsic_saving"],
+        "intrinsic_saving": res["intrinsic"].saving,
+        "intrinsic": _intrinsic_json(res["intrinsic"]),
         "baselines": {b.name: {"time_s": b.point.time_s, "energy_j": b.point.energy_j}
                       for b in res["baselines"]},
         "planner_s": res["frontier"].planner_s,
     }
+
+
+def _intrinsic_json(intrinsic: Any) -> dict[str, Any]:
+    """The intrinsic saving's parts: the fastest plan, the all-max energy over its time, and
+    the saving at the all-max time for comparison."""
+    return {"fastest_time_s": intrinsic.time_s, "fastest_energy_j": intrinsic.point.energy_j,
+            "all_max_energy_at_fastest_j": intrinsic.all_max_energy_at_fastest_j,
+            "saving": intrinsic.saving,
+            "saving_at_all_max_time": intrinsic.saving_at_all_max_time}
+
+
+def _pick_json(choice: Any) -> dict[str, Any]:
+    """One straggler pick without its plan: T′, the plan's time, energies, saving."""
+    return {"slowdown": choice.slowdown, "deadline_s": choice.deadline_s,
+            "time_s": choice.point.time_s, "energy_j": choice.energy_j,
+            "all_max_energy_j": choice.all_max_energy_j, "saving": choice.saving}
 
 
 def _lowered(dag: Any, res: dict[str, Any]) -> dict[str, Any] | None:
@@ -299,8 +318,10 @@ def frontier_command(profile: Path = _PROFILE, microbatches: int = _MB, gpu: str
     top = res["all_max"]
     typer.echo(f"{dag.num_stages} stages x {dag.num_micro_batches} micro-batches, "
                f"{len(summary['frontier'])} frontier plans in {summary['planner_s']:.2f} s")
-    typer.echo(f"all-max: {top.time_s:.4f} s {top.energy_j:.1f} J; intrinsic saving at no "
-               f"slowdown {summary['intrinsic_saving']:.1%}")
+    intr = res["intrinsic"]
+    typer.echo(f"all-max: {top.time_s:.4f} s {top.energy_j:.1f} J; intrinsic saving "
+               f"{intr.saving:.1%} (fastest plan {intr.time_s:.4f} s vs all-max over that "
+               f"time; {intr.saving_at_all_max_time:.1%} at the all-max time)")
     for name, b in summary["baselines"].items():
         typer.echo(f"  {name:13s} {b['time_s']:.4f} s {b['energy_j']:.1f} J")
     low = summary.get("lowered")
@@ -320,35 +341,57 @@ def pick_command(straggler: float = typer.Option(None, "--straggler",
                                                  help="Slowdown factor T'/T_allmax (>= 1)."),
                  deadline_s: float = typer.Option(None, "--deadline-s",
                                                   help="Straggler's iteration time T' (s)."),
+                 straggler_table: bool = typer.Option(
+                     False, "--straggler-table",
+                     help="Also list the saving vs all-max for slowdowns 1.0, 1.1, ..., 1.5 "
+                          "(alone: the table only)."),
                  profile: Path = _PROFILE, microbatches: int = _MB, gpu: str = _GPU,
                  blocking_power_w: float = _PB, model: str = _MODEL, cluster: str = _CLUSTER,
                  pp: int = _PP, tp: int = _TP, dp: int = _DP,
                  micro_batch_size: int = _MBS, unit_s: float = _UNIT, out: Path = _OUT,
                  force: bool = _FORCE, as_json: bool = _JSON) -> None:
-    """The lowest-energy plan that finishes by a straggler's iteration time."""
-    from trainsim.search.energy_straggler import pick
+    """The lowest-energy plan that finishes by a straggler's iteration time.
+
+    With --straggler-table, also the saving vs all-max at T' = 1.0, 1.1, ..., 1.5 × T_allmax
+    (JSON key `straggler_table`); alone, the table replaces the single pick.
+    """
+    from trainsim.search.energy_straggler import pick, savings_table
     try:
+        if not straggler_table and straggler is None and deadline_s is None:
+            raise SpecError("give --straggler (slowdown factor), --deadline-s or "
+                            "--straggler-table")
         _check_out(out, force)
         dag = _load(profile, microbatches, gpu, blocking_power_w, model, cluster, pp, tp, dp,
                     micro_batch_size)
         res = _run_frontier(dag, unit_s)
-        choice = pick(res["frontier"].points, res["all_max"],
-                      blocking_power_w=dag.profile.blocking_power_w,
-                      num_stages=dag.num_stages, slowdown=straggler, deadline_s=deadline_s)
+        kw = {"blocking_power_w": dag.profile.blocking_power_w, "num_stages": dag.num_stages}
+        choice = None
+        if straggler is not None or deadline_s is not None:
+            choice = pick(res["frontier"].points, res["all_max"], slowdown=straggler,
+                          deadline_s=deadline_s, **kw)
         summary = _summary(dag, res)
-        summary["pick"] = {"deadline_s": choice.deadline_s, "slowdown": choice.slowdown,
-                           "time_s": choice.point.time_s, "energy_j": choice.energy_j,
-                           "all_max_energy_j": choice.all_max_energy_j,
-                           "saving": choice.saving,
-                           "plan": _plan_json(dag, choice.point)}
+        table = None
+        if straggler_table:
+            table = savings_table(res["frontier"].points, res["all_max"], **kw)
+            summary["straggler_table"] = [_pick_json(c) for c in table]
+        if choice is not None:
+            summary["pick"] = {**_pick_json(choice), "plan": _plan_json(dag, choice.point)}
         if out is not None:
-            _write(out, dag, res, choice.point, {"pick": summary["pick"]})
+            shown = choice.point if choice is not None else res["intrinsic"].point
+            _write(out, dag, res, shown, {k: summary[k] for k in ("pick", "straggler_table")
+                                          if k in summary})
     except TrainsimError as exc:
         _fail(str(exc))
         return
     if as_json:
         typer.echo(_dumps(summary))
         return
-    typer.echo(f"T' = {choice.deadline_s:.4f} s ({choice.slowdown:.3f} x all-max): plan "
-               f"{choice.point.time_s:.4f} s, {choice.energy_j:.1f} J incl. waiting; all-max "
-               f"{choice.all_max_energy_j:.1f} J; saving {choice.saving:.1%}")
+    if choice is not None:
+        typer.echo(f"T' = {choice.deadline_s:.4f} s ({choice.slowdown:.3f} x all-max): plan "
+                   f"{choice.point.time_s:.4f} s, {choice.energy_j:.1f} J incl. waiting; "
+                   f"all-max {choice.all_max_energy_j:.1f} J; saving {choice.saving:.1%}")
+    if table is not None:
+        typer.echo("slowdown   T' s       plan s     energy J     all-max J    saving")
+        for c in table:
+            typer.echo(f"{c.slowdown:8.2f} {c.deadline_s:9.4f} {c.point.time_s:10.4f} "
+                       f"{c.energy_j:12.1f} {c.all_max_energy_j:12.1f} {c.saving:8.1%}")

@@ -107,7 +107,7 @@ class InstructionDag:
 def _longest_path(durations: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray
                   ) -> np.ndarray:
     """Earliest finish per node (nodes are in topological order); compiled kernel."""
-    from trainsim.search.energy_frontier import finish_times_kernel
+    from trainsim.search.energy_kernels import finish_times_kernel
     return finish_times_kernel(np.asarray(durations, dtype=np.float64), pred_ptr, pred_idx)
 
 

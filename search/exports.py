@@ -7,10 +7,17 @@
   ``recompute_ops`` (per stage, per op, 0/1), ``algo_of_each_op``, ``checkpoint_activations``,
   ``resharding_stages``, ``micro_batch_size``, ``global_batch_size`` (key names from Aceso's
   runtime FlexModelConfig). Ops are Aceso's op names in model order (search/aceso_profile.py's
-  map); a stage boundary falls between layers. `from_aceso_config` reads such a config back
-  into ParallelPlan fields; per-op flags that differ between layers of one stage become the
-  union of recomputed op names (trainsim's recompute is per stage).
-* Megatron-LM flags exist for uniform plans only (one tp, one dp, even split):
+  map); a stage boundary falls between layers. Per-op degrees (`op_tp`/`stage_op_tp`) fill
+  the per-op tp/dp lists (dp = stage GPUs / tp); ``resharding_stages[s]`` says whether stage
+  s's ops differ in tp or dp (so Aceso's runtime inserts resharding between them), as Aceso's
+  own config writer sets it. ``trainsim_stage_tp`` (ignored by Aceso) keeps each stage's
+  boundary degree so the import is exact; without it the stage's first op's degree is taken.
+  `from_aceso_config` reads such a config back into ParallelPlan fields; per-op recompute
+  flags that differ between layers of one stage become the union of recomputed op names
+  (trainsim's recompute is per stage), and so must per-op degrees (one degree per op name
+  per stage, else a SpecError).
+* Megatron-LM flags exist for uniform plans only (one tp, one dp, even split, no per-op
+  degrees):
   ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, ``--micro-batch-size``,
   ``--global-batch-size``, ``--recompute-granularity full --recompute-method uniform
   --recompute-num-layers 1`` or ``--recompute-granularity selective``.
@@ -63,7 +70,10 @@ def to_aceso_config(plan: Any, model: Any, cluster: Any | None = None) -> dict[s
     selective = {op.name for la in graph.layers for op in la.ops if op.selective_recompute}
     stage_ops = _stage_ops(plan, model)
     tp = [plan.tp_of_stage(s) for s in range(plan.pp)]
-    dp = [plan.dp_of_stage(s) for s in range(plan.pp)]
+    gpus = [plan.gpus_of_stage(s) for s in range(plan.pp)]
+    op_tp = [[plan.op_tp_of_stage(s).get(zoo[0], tp[s]) for _, zoo, _ in ops]
+             for s, ops in enumerate(stage_ops)]
+    op_dp = [[gpus[s] // t for t in degrees] for s, degrees in enumerate(op_tp)]
     mbs = plan.micro_batch_size * (plan.dp if plan.stage_gpus is None else 1)
     rec = [[int(_recomputed(plan.recompute_of_stage(s), zoo, blk, selective))
             for _, zoo, blk in ops] for s, ops in enumerate(stage_ops)]
@@ -75,16 +85,16 @@ def to_aceso_config(plan: Any, model: Any, cluster: Any | None = None) -> dict[s
         "num_attention_heads": int(getattr(model, "num_heads", 0) or 0),
         "global_batch_size": plan.global_batch, "micro_batch_size": mbs,
         "num_stages": plan.pp,
-        "num_gpus": [plan.gpus_of_stage(s) for s in range(plan.pp)],
+        "num_gpus": gpus,
         "num_ops_in_each_stage": [len(ops) for ops in stage_ops],
         "op_names": [[n for n, _, _ in ops] for ops in stage_ops],
-        "model_parallel_size_of_each_op": [[tp[s]] * len(ops) for s, ops in enumerate(stage_ops)],
-        "data_parallel_size_of_each_op": [[dp[s]] * len(ops) for s, ops in enumerate(stage_ops)],
+        "model_parallel_size_of_each_op": op_tp,
+        "data_parallel_size_of_each_op": op_dp,
         "recompute_ops": rec,
         "algo_of_each_op": [[0] * len(ops) for ops in stage_ops],
         "checkpoint_activations": [bool(any(r)) for r in rec],
-        "resharding_stages": [s > 0 and (tp[s], dp[s]) != (tp[s - 1], dp[s - 1])
-                              for s in range(plan.pp)],
+        "resharding_stages": [len(set(degrees)) > 1 for degrees in op_tp],
+        "trainsim_stage_tp": tp,
     }
 
 
@@ -93,8 +103,8 @@ def from_aceso_config(config: dict[str, Any], model: Any) -> dict[str, Any]:
     stage_recompute form).
 
     Raises:
-        SpecError: a key is missing, per-op degrees vary inside a stage (per-op tp/dp is out
-            of trainsim's scope), or the op counts do not match the model.
+        SpecError: a key is missing, an op's tp and dp do not multiply to the stage's GPUs,
+            one op name has two degrees in one stage, or the op counts do not match the model.
     """
     from trainsim.workloads.model import build_graph
 
@@ -119,18 +129,19 @@ def from_aceso_config(config: dict[str, Any], model: Any) -> dict[str, Any]:
         raise SpecError(f"Aceso config num_ops_in_each_stage={counts} (sum {sum(counts)}) does "
                         f"not match {model.name}'s {len(flat)} ops in {pp} stages")
     selective = {op.name for la in graph.layers for op in la.ops if op.selective_recompute}
-    stage_layers, stage_tp, stage_rc = [], [], []
+    stage_layers, stage_tp, stage_rc, stage_op_tp = [], [], [], []
     start = 0
     for s in range(pp):
         ops = flat[start:start + counts[s]]
         rec = [int(x) for x in config["recompute_ops"][s]]
         start += counts[s]
         stage_layers.append(len({b for _, _, b in ops if b is not None}))
-        tps = {int(t) for t in config["model_parallel_size_of_each_op"][s]}
-        if len(tps) != 1:
-            raise SpecError(f"Aceso config stage {s} has per-op tp degrees {sorted(tps)}; "
-                            f"trainsim simulates one tp per stage")
-        stage_tp.append(tps.pop())
+        degrees = _stage_degrees(config, s, ops)
+        given = config.get("trainsim_stage_tp")
+        tp = int(given[s]) if isinstance(given, list) and len(given) == pp \
+            else degrees[ops[0][1][0]]
+        stage_tp.append(tp)
+        stage_op_tp.append({n: t for n, t in degrees.items() if t != tp})
         in_block = [(zoo, r) for (_, zoo, b), r in zip(ops, rec) if b is not None]
         flags = [r for _, r in in_block]
         if flags and all(flags):
@@ -140,15 +151,43 @@ def from_aceso_config(config: dict[str, Any], model: Any) -> dict[str, Any]:
         else:
             names = sorted({z for zoo, r in in_block if r for z in zoo})
             stage_rc.append("selective" if set(names) == selective else names)
-    return {"pp": pp, "dp": 1, "tp": 1, "stage_gpus": [int(g) for g in config["num_gpus"]],
-            "stage_tp": stage_tp, "stage_layers": stage_layers, "stage_recompute": stage_rc,
-            "micro_batch_size": int(config["micro_batch_size"]),
-            "global_batch": int(config["global_batch_size"]), "schedule": "1f1b"}
+    fields = {"pp": pp, "dp": 1, "tp": 1, "stage_gpus": [int(g) for g in config["num_gpus"]],
+              "stage_tp": stage_tp, "stage_layers": stage_layers, "stage_recompute": stage_rc,
+              "micro_batch_size": int(config["micro_batch_size"]),
+              "global_batch": int(config["global_batch_size"]), "schedule": "1f1b"}
+    if any(stage_op_tp):
+        fields["stage_op_tp"] = stage_op_tp
+    return fields
+
+
+def _stage_degrees(config: dict[str, Any], s: int, ops: list[tuple[str, list[str], Any]]
+                   ) -> dict[str, int]:
+    """{zoo op name: tp degree} of stage s from the per-op lists (one degree per name)."""
+    tps = [int(t) for t in config["model_parallel_size_of_each_op"][s]]
+    dps = config.get("data_parallel_size_of_each_op")
+    gpus = int(config["num_gpus"][s])
+    if len(tps) != len(ops):
+        raise SpecError(f"Aceso config model_parallel_size_of_each_op[{s}] has {len(tps)} "
+                        f"entries but stage {s} has {len(ops)} ops")
+    out: dict[str, int] = {}
+    for k, ((name, zoo, _), t) in enumerate(zip(ops, tps)):
+        dp = int(dps[s][k]) if dps is not None else gpus // max(t, 1)
+        if t < 1 or t * dp != gpus:
+            raise SpecError(f"Aceso config stage {s} op {k} ({name}): tp {t} × dp {dp} != "
+                            f"num_gpus[{s}]={gpus}")
+        for z in zoo:
+            if out.setdefault(z, t) != t:
+                raise SpecError(f"Aceso config stage {s} gives op {z!r} degrees {out[z]} and "
+                                f"{t}; trainsim holds one degree per op name per stage")
+    return out
 
 
 def is_uniform(plan: Any, num_layers: int) -> bool:
-    """One tp, one dp, one recompute policy (none/selective/full) and an even layer split."""
+    """One tp, one dp, one recompute policy (none/selective/full), an even layer split and
+    no per-op degrees."""
     pp = plan.pp
+    if any(plan.has_op_tp(s) for s in range(pp)):
+        return False
     tps = {plan.tp_of_stage(s) for s in range(pp)}
     dps = {plan.dp_of_stage(s) for s in range(pp)}
     rcs = {str(plan.recompute_of_stage(s)) for s in range(pp)}
@@ -167,10 +206,12 @@ def to_megatron_flags(plan: Any, model: Any) -> str:
 
     blocks = len(build_graph(model, 1).transformer_layers())
     if not is_uniform(plan, blocks):
-        raise SpecError("Megatron-LM flags need a uniform plan (one tp and dp for every stage, "
-                        f"layers split evenly); this plan has stage_layers="
+        per_op = [s for s in range(plan.pp) if plan.has_op_tp(s)]
+        raise SpecError("Megatron-LM flags need a uniform plan (one tp and dp for every stage "
+                        "and op, layers split evenly); this plan has stage_layers="
                         f"{list(plan.layers_per_stage(blocks))}, "
-                        f"tp={[plan.tp_of_stage(s) for s in range(plan.pp)]}")
+                        f"tp={[plan.tp_of_stage(s) for s in range(plan.pp)]}"
+                        + (f", per-op degrees on stages {per_op}" if per_op else ""))
     dp = plan.dp_of_stage(0)
     mbs = plan.micro_batch_size * (plan.dp if plan.stage_gpus is None else 1) // dp
     flags = [f"--tensor-model-parallel-size {plan.tp_of_stage(0)}",

@@ -254,8 +254,18 @@ class SearchState:
         return search_key(summary, self.spec.objective, self.spec.memory_limit_bytes)
 
     def seen(self, plan: ParallelPlan | Mapping[str, Any]) -> SearchRecord | None:
-        """The record of an already evaluated plan, else None."""
-        return self._seen.get(_key_of(plan))
+        """The record of an already evaluated plan, else None.
+
+        Records are keyed by the checked plan's canonical JSON, so a dict of fields is first
+        built into its ParallelPlan (a dict's own JSON lacks the defaults and never matches).
+        """
+        record = self._seen.get(_key_of(plan))
+        if record is not None or not isinstance(plan, Mapping):
+            return record
+        try:
+            return self._seen.get(self.oracle.plan(plan).to_json())
+        except PlanError:
+            return self._seen.get(_key_of(plan))
 
     def evaluate(self, plan: ParallelPlan | Mapping[str, Any], note: str) -> SearchRecord:
         """Check, simulate (through the Oracle's cache) and log one plan."""

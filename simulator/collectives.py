@@ -210,12 +210,16 @@ def _phase(name: str, ranks: tuple[int, ...], steps: int, transfers: Sequence[Tr
     """A phase from its concurrent transfers: max-loaded links and the slowest step latency."""
     load: dict[str, float] = {}
     alpha = 0.0
+    path_of = cluster.path
     for src, dst, size in transfers:
-        path = cluster.path(src, dst)
-        alpha = max(alpha, sum(float(link.latency_s) for link in path))
+        path = path_of(src, dst)
+        latency = 0
         for link in path:
-            load[link.link_id] = load.get(link.link_id, 0.0) + size
-            bandwidths[link.link_id] = float(link.bandwidth_bytes_per_s)
+            latency += float(link.latency_s)
+            link_id = link.link_id
+            load[link_id] = load.get(link_id, 0.0) + size
+            bandwidths[link_id] = float(link.bandwidth_bytes_per_s)
+        alpha = max(alpha, latency)
     peak = max(load.values(), default=0.0)
     if not peak:
         return CommPhase(name=name, ranks=ranks, latency_s=steps * alpha, bytes_per_link=0.0,
@@ -376,6 +380,8 @@ def plan_collective(
         return []
     if algorithm != "auto":
         return algorithms[algorithm](ranks, float(size_bytes), cluster, {})
+    if len(algorithms) == 1:  # nothing to compare
+        return next(iter(algorithms.values()))(ranks, float(size_bytes), cluster, {})
     best: tuple[float, list[CommPhase]] | None = None
     for name, build in algorithms.items():
         if name == "hierarchical" and not _hierarchical_applies(ranks, cluster):

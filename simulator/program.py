@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainsim.errors import SimulationError
+from trainsim.simulator.task import Task, check_number
+from trainsim.simulator.task_table import TaskTable
 
 #: Streams drawn first, in this order, by the exporters; other names follow alphabetically.
 CONVENTIONAL_STREAMS: tuple[str, ...] = ("compute", "tp", "pp", "dp")
@@ -80,105 +82,6 @@ KNOWN_KINDS: tuple[str, ...] = (
 )
 
 
-def _check_number(owner: str, name: str, value: float, *, allow_inf: bool = False) -> None:
-    """Raise SimulationError unless `value` is a finite (or +inf if allowed) number >= 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SimulationError(f"{owner}: {name}={value!r} is not a number")
-    if math.isnan(value) or value < 0 or (math.isinf(value) and not allow_inf):
-        raise SimulationError(f"{owner}: {name}={value!r} must be a finite number >= 0")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Task:
-    """One unit of work on one or more ranks: a kernel, a collective or a transfer."""
-
-    name: str
-    """Human-readable label, e.g. "s1.F3" (stage 1, forward of micro-batch 3)."""
-    kind: str
-    """What the task is: "forward", "backward", "all_reduce", "p2p", ... (see KNOWN_KINDS)."""
-    ranks: tuple[int, ...]
-    """Member ranks: one for local work, two or more for a rendezvous (collective, transfer)."""
-    stream: str
-    """Stream name on every member rank ("compute", "tp", "pp", "dp" by convention)."""
-    duration_s: float
-    """Fixed part: compute time, or a collective's latency α, run before any transfer."""
-    comm_bytes: float = 0.0
-    """Bytes moved over EACH of `links` after the fixed part, in the fluid sharing model."""
-    links: tuple[str, ...] = ()
-    """Ids of the links the transfer crosses (distinct); the bottleneck sets its rate."""
-    deps: tuple[int, ...] = ()
-    """Indices of tasks that must end before this one starts."""
-    mem_alloc_bytes: float = 0.0
-    """Bytes allocated at start on every member rank."""
-    mem_free_bytes: float = 0.0
-    """Bytes freed at end on every member rank."""
-    power_w: float = 0.0
-    """Rank power while the task runs (at least its idle power, physically); counted only on the
-    program's powered streams."""
-    freq_mhz: float | None = None
-    """SM clock the task runs at, for reports; None when not set (communication, default)."""
-    micro_batch: int = -1
-    """Micro-batch index, -1 when not tied to one."""
-    stage: int = -1
-    """Pipeline stage (virtual stage index under interleaving), -1 when none."""
-    first_layer: int = -1
-    """First model layer the task covers, -1 when none."""
-    last_layer: int = -1
-    """Last model layer the task covers (inclusive), -1 when none."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise SimulationError(f"task name={self.name!r} must be a non-empty string")
-        owner = f"task {self.name!r}"
-        for seq_field in ("ranks", "links", "deps"):  # accept lists, store tuples
-            if isinstance(getattr(self, seq_field), list):
-                object.__setattr__(self, seq_field, tuple(getattr(self, seq_field)))
-        if not isinstance(self.kind, str) or not self.kind:
-            raise SimulationError(f"{owner}: kind={self.kind!r} must be a non-empty string")
-        if not isinstance(self.stream, str) or not self.stream:
-            raise SimulationError(f"{owner}: stream={self.stream!r} must be a non-empty string")
-        if not isinstance(self.ranks, tuple) or not self.ranks:
-            raise SimulationError(f"{owner}: ranks={self.ranks!r} must be a non-empty tuple")
-        if len(set(self.ranks)) != len(self.ranks):
-            raise SimulationError(f"{owner}: ranks={self.ranks!r} has a repeated rank")
-        for rank in self.ranks:
-            if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0:
-                raise SimulationError(f"{owner}: ranks={self.ranks!r} must be integers >= 0")
-        if not isinstance(self.links, tuple) or len(set(self.links)) != len(self.links):
-            raise SimulationError(f"{owner}: links={self.links!r} must be a tuple of distinct ids")
-        if not isinstance(self.deps, tuple):
-            raise SimulationError(f"{owner}: deps={self.deps!r} must be a tuple of task indices")
-        _check_number(owner, "duration_s", self.duration_s)
-        _check_number(owner, "comm_bytes", self.comm_bytes)
-        _check_number(owner, "mem_alloc_bytes", self.mem_alloc_bytes)
-        _check_number(owner, "mem_free_bytes", self.mem_free_bytes)
-        _check_number(owner, "power_w", self.power_w)
-        if self.freq_mhz is not None:
-            _check_number(owner, "freq_mhz", self.freq_mhz)
-        if self.comm_bytes > 0 and not self.links:
-            raise SimulationError(
-                f"{owner}: comm_bytes={self.comm_bytes!r} > 0 needs at least one link in links"
-            )
-
-
-_TASK_FIELDS = ("name", "kind", "ranks", "stream", "duration_s", "comm_bytes", "links", "deps",
-                "mem_alloc_bytes", "mem_free_bytes", "power_w", "freq_mhz", "micro_batch",
-                "stage", "first_layer", "last_layer")
-
-
-def trusted_task(values: tuple) -> Task:
-    """A Task from `values` in `_TASK_FIELDS` order, skipping the per-field checks.
-
-    For producers that build tasks from already-checked numbers (the lowering emits tens of
-    thousands per plan, and the checks were a third of its time); `Program.validate()` still
-    checks such a program as a whole.
-    """
-    task = object.__new__(Task)
-    for name, value in zip(_TASK_FIELDS, values):
-        object.__setattr__(task, name, value)
-    return task
-
-
 def _per_rank(
     name: str, values: Sequence[float], num_ranks: int, default: float
 ) -> tuple[float, ...]:
@@ -190,7 +93,7 @@ def _per_rank(
             f"program: {name} has {len(values)} entries, expected num_ranks={num_ranks}"
         )
     for rank, value in enumerate(values):
-        _check_number("program", f"{name}[{rank}]", value, allow_inf=True)
+        check_number("program", f"{name}[{rank}]", value, allow_inf=True)
     return tuple(float(v) for v in values)
 
 
@@ -200,8 +103,10 @@ class Program:
 
     num_ranks: int
     """Number of program ranks (after folding)."""
-    tasks: list[Task] = field(default_factory=list)
-    """All tasks; a task's id is its index here."""
+    tasks: list[Task] | TaskTable = field(default_factory=list)
+    """All tasks; a task's id is its index here. A list of `Task` (any other iterable of tasks
+    is copied into one), or a columnar `TaskTable` (what lowering builds), which reads as a
+    read-only sequence of `Task`."""
     link_bandwidth_bytes_per_s: dict[str, float] = field(default_factory=dict)
     """Bandwidth of every link id the tasks cross (per direction, bytes/s, > 0)."""
     static_memory_bytes: Sequence[float] = ()
@@ -223,10 +128,10 @@ class Program:
             raise SimulationError(f"program: num_ranks={self.num_ranks!r} must be an integer")
         if self.num_ranks < 1:
             raise SimulationError(f"program: num_ranks={self.num_ranks} must be >= 1")
-        if not isinstance(self.tasks, list):
+        if not isinstance(self.tasks, (list, TaskTable)):
             object.__setattr__(self, "tasks", list(self.tasks))
         for link, bandwidth in self.link_bandwidth_bytes_per_s.items():
-            _check_number("program", f"link_bandwidth_bytes_per_s[{link!r}]", bandwidth)
+            check_number("program", f"link_bandwidth_bytes_per_s[{link!r}]", bandwidth)
             if bandwidth <= 0:
                 raise SimulationError(
                     f"program: link_bandwidth_bytes_per_s[{link!r}]={bandwidth!r} must be > 0"
@@ -273,7 +178,21 @@ class Program:
 
     def describe(self, task_id: int) -> str:
         """Short label of a task for messages: `12 's0.F3'`."""
+        if isinstance(self.tasks, TaskTable):
+            return f"{task_id} {self.tasks.name(task_id)!r}"
         return f"{task_id} {self.tasks[task_id].name!r}"
+
+    def table(self) -> TaskTable:
+        """The tasks as columns: the program's own `TaskTable`, or one built from its list."""
+        if isinstance(self.tasks, TaskTable):
+            return self.tasks
+        return TaskTable.from_tasks(self.tasks)
+
+    def task_names(self) -> list[str]:
+        """Every task's name, by id (formatted from the table's templates when columnar)."""
+        if isinstance(self.tasks, TaskTable):
+            return self.tasks.names()
+        return [t.name for t in self.tasks]
 
     def validate(self, *, check_cycles: bool = True) -> None:
         """Check cross-task consistency, raising SimulationError naming the first bad task.
@@ -281,8 +200,26 @@ class Program:
         Checks every task's own fields again (tasks made by `trusted_task` skipped that), member
         ranks in range, dep indices in range and not self, and links known. With `check_cycles`,
         also rejects a cycle in the dependency graph (engines skip that and report every
-        deadlock, including dep cycles, with the stuck ranks instead).
+        deadlock, including dep cycles, with the stuck ranks instead). A columnar program is
+        checked with array operations; only when they find a fault are its tasks walked one by
+        one, so the message is the same either way.
         """
+        if isinstance(self.tasks, TaskTable):
+            bad = self.tasks.first_bad_task(self.num_ranks, self.link_bandwidth_bytes_per_s)
+            if bad is not None:
+                self._validate_tasks()
+                raise SimulationError(f"task {self.describe(bad[0])}: {bad[1]}")
+        else:
+            self._validate_tasks()
+        if check_cycles:
+            cycle = _find_dep_cycle(self)
+            if cycle:
+                path = " -> ".join(self.describe(t) for t in cycle[:12])
+                more = " -> ..." if len(cycle) > 12 else ""
+                raise SimulationError(f"program: dependency cycle {path}{more}")
+
+    def _validate_tasks(self) -> None:
+        """The per-task checks of `validate` (raises on the first bad task)."""
         n_tasks = len(self.tasks)
         for tid, task in enumerate(self.tasks):
             Task.__post_init__(task)
@@ -307,12 +244,6 @@ class Program:
                         f"task {self.describe(tid)}: unknown link {link!r} (known: "
                         f"{', '.join(sorted(self.link_bandwidth_bytes_per_s)[:12]) or 'none'})"
                     )
-        if check_cycles:
-            cycle = _find_dep_cycle(self)
-            if cycle:
-                path = " -> ".join(self.describe(t) for t in cycle[:12])
-                more = " -> ..." if len(cycle) > 12 else ""
-                raise SimulationError(f"program: dependency cycle {path}{more}")
 
     def freeze(self) -> FrozenProgram:
         """Return the program as numpy struct-of-arrays (no Python object per task)."""
@@ -322,6 +253,8 @@ class Program:
 def _find_dep_cycle(program: Program) -> list[int]:
     """Return one dependency cycle as task ids (first repeated at the end), or [] if acyclic."""
     n = len(program.tasks)
+    table = program.table()
+    ptr, flat = table.dep_ptr.tolist(), table.dep_idx.tolist()
     state = bytearray(n)  # 0 new, 1 on stack, 2 done
     for root in range(n):
         if state[root]:
@@ -330,7 +263,7 @@ def _find_dep_cycle(program: Program) -> list[int]:
         state[root] = 1
         while stack:
             tid, i = stack[-1]
-            deps = program.tasks[tid].deps
+            deps = flat[ptr[tid] : ptr[tid + 1]]
             if i < len(deps):
                 stack[-1] = (tid, i + 1)
                 dep = deps[i]
@@ -382,14 +315,17 @@ class ProgramBuilder:
         )
 
 
-def _csr(rows: Iterable[Iterable[int]], dtype: type = np.int64) -> tuple[np.ndarray, np.ndarray]:
-    """Pack rows of integers into (ptr, values) compressed sparse rows."""
-    ptr = [0]
-    values: list[int] = []
-    for row in rows:
-        values.extend(row)
-        ptr.append(len(values))
-    return np.asarray(ptr, dtype=np.int64), np.asarray(values, dtype=dtype)
+def _first_appearance(codes: np.ndarray, names: tuple[str, ...]
+                      ) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Recode `codes` so code i is the i-th distinct one to appear (unused names dropped):
+    engines and results see the same code tables whatever built the program."""
+    if len(codes) == 0:
+        return np.zeros(0, np.int32), ()
+    used, first = np.unique(codes, return_index=True)
+    order = used[np.argsort(first, kind="stable")]
+    mapping = np.zeros(len(names), dtype=np.int32)
+    mapping[order] = np.arange(len(order), dtype=np.int32)
+    return mapping[codes], tuple(names[c] for c in order.tolist())
 
 
 def stream_display_order(names: Iterable[str]) -> list[str]:
@@ -455,26 +391,21 @@ class FrozenProgram:
     def from_program(cls, program: Program) -> FrozenProgram:
         """Flatten `program` (validated structurally first)."""
         program.validate(check_cycles=False)
-        tasks = program.tasks
-        n = len(tasks)
-        kinds: dict[str, int] = {}
-        streams: dict[str, int] = {}
+        table = program.table()
+        n = len(table)
+        kind_code, kind_names = _first_appearance(table.kind_code, table.kind_names)
+        stream_code, stream_names = _first_appearance(table.stream_code, table.stream_names)
         link_names = tuple(sorted(program.link_bandwidth_bytes_per_s))
         link_code = {name: i for i, name in enumerate(link_names)}
-        kind_code = np.empty(n, dtype=np.int32)
-        stream_code = np.empty(n, dtype=np.int32)
-        for t, task in enumerate(tasks):
-            kind_code[t] = kinds.setdefault(task.kind, len(kinds))
-            stream_code[t] = streams.setdefault(task.stream, len(streams))
-        member_ptr, member_rank = _csr((task.ranks for task in tasks), np.int32)
-        dep_ptr, dep_idx = _csr((task.deps for task in tasks), np.int64)
-        link_ptr, link_idx = _csr(
-            ((link_code[link] for link in task.links) for task in tasks), np.int32
-        )
+        remap = np.array([link_code[name] for name in table.link_names], dtype=np.int32)
+        link_ptr = table.link_ptr.copy()
+        link_idx = remap[table.link_idx] if len(table.link_idx) else np.zeros(0, np.int32)
+        member_ptr, member_rank = table.member_ptr.copy(), table.member_rank.copy()
+        dep_ptr, dep_idx = table.dep_ptr.copy(), table.dep_idx.copy()
         # Queues: one per (rank, stream) pair, sorted by (rank, stream code).
         member_stream = np.repeat(stream_code, np.diff(member_ptr))
         member_task = np.repeat(np.arange(n, dtype=np.int64), np.diff(member_ptr))
-        num_streams = max(len(streams), 1)
+        num_streams = max(len(stream_names), 1)
         key = member_rank.astype(np.int64) * num_streams + member_stream
         order = np.lexsort((member_task, key))
         sorted_key = key[order]
@@ -487,28 +418,25 @@ class FrozenProgram:
         member_pos = np.empty(len(member_rank), dtype=np.int64)
         member_queue[order] = queue_of_sorted
         member_pos[order] = np.arange(len(order), dtype=np.int64) - queue_ptr[queue_of_sorted]
-        stream_list = list(streams)
         return cls(
             num_ranks=program.num_ranks,
             num_tasks=n,
-            kind_names=tuple(kinds),
-            stream_names=tuple(stream_list),
+            kind_names=kind_names,
+            stream_names=stream_names,
             link_names=link_names,
             kind_code=kind_code,
             stream_code=stream_code,
-            stream_powered=np.array([s in program.powered_streams for s in stream_list], bool),
-            duration_s=np.array([t.duration_s for t in tasks], dtype=np.float64),
-            comm_bytes=np.array([t.comm_bytes for t in tasks], dtype=np.float64),
-            mem_alloc_bytes=np.array([t.mem_alloc_bytes for t in tasks], dtype=np.float64),
-            mem_free_bytes=np.array([t.mem_free_bytes for t in tasks], dtype=np.float64),
-            power_w=np.array([t.power_w for t in tasks], dtype=np.float64),
-            freq_mhz=np.array(
-                [math.nan if t.freq_mhz is None else t.freq_mhz for t in tasks], dtype=np.float64
-            ),
-            micro_batch=np.array([t.micro_batch for t in tasks], dtype=np.int64),
-            stage=np.array([t.stage for t in tasks], dtype=np.int64),
-            first_layer=np.array([t.first_layer for t in tasks], dtype=np.int64),
-            last_layer=np.array([t.last_layer for t in tasks], dtype=np.int64),
+            stream_powered=np.array([s in program.powered_streams for s in stream_names], bool),
+            duration_s=table.duration_s.copy(),
+            comm_bytes=table.comm_bytes.copy(),
+            mem_alloc_bytes=table.mem_alloc_bytes.copy(),
+            mem_free_bytes=table.mem_free_bytes.copy(),
+            power_w=table.power_w.copy(),
+            freq_mhz=table.freq_mhz.copy(),
+            micro_batch=table.micro_batch.copy(),
+            stage=table.stage.copy(),
+            first_layer=table.first_layer.copy(),
+            last_layer=table.last_layer.copy(),
             member_ptr=member_ptr,
             member_rank=member_rank,
             member_queue=member_queue,

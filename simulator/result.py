@@ -266,7 +266,7 @@ def build_result(
     row_energy = np.where(powered, fp.power_w[row_task] * row_len, 0.0)
     stream_names = np.array(fp.stream_names, dtype=object)
     kind_names = np.array(fp.kind_names, dtype=object)
-    names = np.array([t.name for t in program.tasks], dtype=object)
+    names = np.array(program.task_names(), dtype=object)
     tasks = pd.DataFrame(
         {
             "task_id": row_task,

@@ -26,24 +26,29 @@ of mixed types are never folded).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from trainsim.errors import PlanError
 from trainsim.simulator.actions import Action
-from trainsim.simulator.program import Program, trusted_task
-from trainsim.workloads.lowering_comm import CommLowering, Need, kind_of
+from trainsim.simulator.program import Program
+from trainsim.simulator.task_table import TaskTableBuilder
+from trainsim.workloads.lowering_comm import (
+    CommLowering,
+    Meta,
+    Need,
+    PlannedComm,
+    kind_of,
+)
 from trainsim.workloads.lowering_layout import (  # re-exported: the public lowering API
     LoweringLayout,
     LoweringOptions,
     StageLayout,
     stage_layout,
 )
+from trainsim.workloads.lowering_sync import GradientSync
 from trainsim.workloads.ops import CommNeed
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.stage_costs import (
-    ADAM_STEP_BYTES_PER_PARAM,
-    ADAM_STEP_FLOPS_PER_PARAM,
     InstructionCosts,
     Work,
     optimizer_bytes_per_param,
@@ -52,95 +57,114 @@ from trainsim.workloads.stage_costs import (
 KIND_OF_ACTION = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
 
 
-@dataclass(slots=True)
-class _Pending:
-    """A task under construction (deps may be filled in after its id is known)."""
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """A compute step of an instruction (one task per program rank of a unit) and the
+    tensor-parallel collectives after it on each unit (None where there are none)."""
 
-    name: str
-    kind: str
-    ranks: tuple[int, ...]
-    stream: str
-    duration_s: float
-    comm_bytes: float = 0.0
-    links: tuple[str, ...] = ()
-    deps: list[int] = field(default_factory=list)
-    mem_alloc_bytes: float = 0.0
-    mem_free_bytes: float = 0.0
-    power_w: float = 0.0
-    freq_mhz: float | None = None
-    micro_batch: int = -1
-    stage: int = -1
-    first_layer: int = -1
-    last_layer: int = -1
+    name: int
+    names: list[int]
+    """Per gradient bucket (the compute splits into buckets when the dp sync overlaps it)."""
+    kind: int
+    time_s: float
+    power_w: float
+    alloc: float
+    tp: list[PlannedComm | None]
+    op_needs: tuple[CommNeed, ...] | None = None
+    """On a stage whose ops have their own tp degrees: its collectives, each over groups of
+    its own size (`CommNeed.group_size`), emitted by `_op_tp_tasks` instead of `tp`."""
+    tp_name: int = -1
+    """Name code of those collectives ("tp.s3.F%d")."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    """The stage-boundary transfer after an instruction: per sending unit, its transfers and
+    each one's receiving unit; `local` when nothing moves (same GPUs, or no communication)."""
+
+    dst: int
+    direction: str
+    local: bool
+    per_unit: list[list[tuple[PlannedComm, int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """Everything one kind of instruction emits but ids, deps and names' micro-batch."""
+
+    units: list[tuple[tuple[int, ...], tuple[int, ...]]]
+    freqs: list[list[float]]
+    """Per unit, the SM clock of each program rank's compute task."""
+    first_layer: int
+    last_layer: int
+    recompute: _Part | None
+    main: _Part
+    final: bool
+    """True when this pass frees the micro-batch's activations (its last backward)."""
+    extra_free: float
+    ep_needs: tuple[CommNeed, ...]
+    send: _Send | None
 
 
 def lower(model: Any, cluster: Any, plan: ParallelPlan,
           options: LoweringOptions | None = None) -> Program:
     """Lower one training iteration of `model` on `cluster` under `plan` to a Program."""
     plan.check(model, cluster)
-    if plan.op_tp:
-        # Refuse rather than silently simulate the stage-wide degree: per-op degrees need
-        # resharding collectives between ops, which the lowering does not model yet.
-        raise PlanError(f"plan.op_tp={dict(plan.op_tp)}: per-op tensor-parallel degrees are "
-                        f"not simulated yet; use stage_tp for per-stage degrees")
     return _Lowering(model, cluster, plan, options or LoweringOptions()).build()
 
 
-class _Lowering(LoweringLayout):
-    """The state of one lowering; `build()` returns the Program."""
+class _Lowering(GradientSync, LoweringLayout):
+    """The state of one lowering; `build()` returns the Program.
+
+    Tasks go straight into a `TaskTableBuilder` as numbers (no object per task); names are
+    (template, micro-batch) pairs formatted only when read.
+    """
 
     def __init__(self, model: Any, cluster: Any, plan: ParallelPlan,
                  options: LoweringOptions) -> None:
         super().__init__(model, cluster, plan, options)
-        self.tasks: list[_Pending] = []
-        self.comm = CommLowering(cluster, options.collective_algorithm, self._add_fields)
+        self.b = TaskTableBuilder()
+        self.comm = CommLowering(cluster, options.collective_algorithm, self.b)
+        self.compute_stream = self.b.stream("compute")
+        self.last_compute: dict[int, int] = {}  # program rank -> its last compute task
+        self._blocks: dict[tuple, _Block] = {}
+        self.max_clock_mhz = [cluster.gpu(self.represents[p][0]).sm_clock_max_mhz
+                              for p in range(self.num_ranks)]
 
     def _cross_unit(self, s: int, groups: list[tuple[int, ...]], needs: list[Need], *,
-                    name: str, kind: str, stream: str, last: dict[int, list[int]],
-                    meta: dict[str, Any], **task: Any) -> dict[int, list[int]]:
+                    name: int, arg: int, kind: int, stream: int, last: dict[int, list[int]],
+                    meta: Meta, alloc_bytes: float = 0.0, key: Any = None
+                    ) -> dict[int, list[int]]:
         """Collectives over groups that may span several units (expert-parallel all-to-alls,
         ZeRO-3 parameter gathers): each group waits for `last` of every unit it touches, and
         every unit then waits for the groups holding its ranks. Returns the new `last`."""
         if not needs or not self.opt.communication or len(groups[0]) < 2:
             return last
         if self.fold:
-            ids = self.comm.tasks(needs, name=name, kind=kind, stream=stream, prog_ranks=(s,),
-                                  copies=groups, deps=last[0], meta={**meta, **task})
+            ids = self.comm.tasks(needs, name=name, arg=arg, kind=kind, stream=stream,
+                                  prog_ranks=(s,), copies=groups, deps=last[0], meta=meta,
+                                  alloc_bytes=alloc_bytes, key=key)
             return {0: ids[-1:] or last[0]}
-        unit_of = {r: u for u, (prog, _) in enumerate(self.units(s)) for r in prog}
+        unit_of = self.unit_of(s)
         out: dict[int, list[int]] = {u: [] for u in last}
         for group in groups:
             touched = sorted({unit_of[r] for r in group})
             deps = sorted({d for u in touched for d in last[u]})
-            ids = self.comm.tasks(needs, name=name, kind=kind, stream=stream, prog_ranks=group,
-                                  copies=[group], deps=deps, meta={**meta, **task})
+            ids = self.comm.tasks(needs, name=name, arg=arg, kind=kind, stream=stream,
+                                  prog_ranks=group, copies=[group], deps=deps, meta=meta,
+                                  alloc_bytes=alloc_bytes)
             for u in touched:
                 out[u] += ids[-1:] or last[u]
         return {u: sorted(set(v)) for u, v in out.items()}
 
-    def tp_tasks(self, needs: tuple[CommNeed, ...], s: int, prog: tuple[int, ...],
-                 group: tuple[int, ...], deps: list[int], name: str,
-                 meta: dict[str, Any]) -> list[int]:
-        """The tensor-parallel collectives of one instruction, right after its compute
-        (Megatron runs them synchronously between GEMMs, so their sum after the compute takes
-        the same total time); returns what the next step waits for."""
-        if not needs or len(group) < 2 or not self.opt.communication \
-                or not self.opt.tp_communication:
-            return deps
-        pairs = [(n.collective, n.size_bytes) for n in needs]
-        copies = self.tp_groups(s) if self.fold else [group]
-        ids = self.comm.tasks(pairs, name=f"tp.{name}", kind=kind_of(pairs), stream="tp",
-                              prog_ranks=prog, copies=copies, deps=deps, meta=meta)
-        return ids[-1:] or deps
+    def unit_of(self, s: int) -> dict[int, int]:
+        """Program rank -> replica unit index of physical stage `s` (cached)."""
+        cache = self.__dict__.setdefault("_unit_of_cache", {})
+        if s not in cache:
+            cache[s] = {r: u for u, (prog, _) in enumerate(self.units(s)) for r in prog}
+        return cache[s]
 
     # ------------------------------------------------------------------ build
-    def _add(self, task: _Pending) -> int:
-        self.tasks.append(task)
-        return len(self.tasks) - 1
-
-    def _add_fields(self, fields: dict[str, Any]) -> int:
-        return self._add(_Pending(**fields))
-
     def build(self) -> Program:
         """Create every task: pipeline instructions rank by rank in schedule order, then the
         optimizer step. Transfers are created by their sender, so a receiver's dependency on one
@@ -165,174 +189,277 @@ class _Lowering(LoweringLayout):
                 self.graph(mb)
                 c = self.costs(a.stage, (mb.batch_size, mb.seq_len), self.freq(a.stage, a))
                 sync = (last_bwd.get(a.stage) == (a.kind, a.micro_batch)
-                        and plan.dp_of_stage(phys) > 1 and self.opt.communication)
+                        and self.opt.communication
+                        and (bool(self._grad_groups(phys, c))
+                             if getattr(c, "params_by_tp", ()) else plan.dp_of_stage(phys) > 1))
                 per_bucket: list[dict[int, int]] = [{} for _ in
                                                      range(self._buckets(c) if sync else 1)]
                 self._instruction(a, phys, c, final_kind.get(a.stage, "B"), per_bucket)
                 if sync:
                     self._dp_sync(a.stage, phys, c, per_bucket)
+        add_dep = self.b.add_dep
         for tid, key in self.patch:
-            self.tasks[tid].deps.extend(self.recv.get(key, ()))
+            for dep in self.recv.get(key, ()):
+                add_dep(tid, dep)
         if self.opt.optimizer_step:
             self._optimizer()
         return self._program()
+
+    def _meta(self, k: int, j: int) -> Meta:
+        layers = self.stage_layers[k]
+        return (j, k, layers[0], layers[-1])
 
     def _instruction(self, a: Action, phys: int, c: InstructionCosts, final_kind: str,
                      per_bucket: list[dict[int, int]]) -> None:
         """Tasks of one pipeline instruction on every replica unit of its stage: ZeRO-3
         parameter gather, recompute (with its collectives), the compute (split into gradient
         buckets when the data-parallel sync overlaps it), its tensor- and expert-parallel
-        collectives, and the send to the neighbouring stage."""
+        collectives, and the send to the neighbouring stage.
+
+        Every instruction of one kind (stage, pass, micro-batch shape, clock, buckets) emits
+        the same block of tasks but for ids, deps and names, so the block (`_Block`: codes,
+        times, planned collectives) is worked out once and stamped out here."""
         k, j = a.stage, a.micro_batch
-        units = self.units(phys)
-        meta = {"micro_batch": j, "stage": k, "first_layer": self.stage_layers[k][0],
-                "last_layer": self.stage_layers[k][-1]}
-        waits: list[tuple[int, str, int, int]] = []
+        n = len(per_bucket)
+        freq = self.freq(k, a)
+        mb_key = self._mb_key(j)
+        blk = self._blocks.get((k, a.kind, mb_key, freq, n, final_kind))
+        if blk is None:
+            blk = self._blocks[(k, a.kind, mb_key, freq, n, final_kind)] = self._block(
+                a, phys, c, final_kind, n, freq)
+        meta = (j, k, blk.first_layer, blk.last_layer)
+        add, emit = self.b.add, self.comm.emit_planned
+        waits: list[tuple[int, str, int]] = []
         if a.kind == "F" and k > 0:
             waits.append((k, "F", j))
         if a.kind in ("B", "I") and k < self.plan.num_stages - 1:
             waits.append((k, "B", j))
-        last: dict[int, list[int]] = {u: [] for u in range(len(units))}
-        for u in last:
-            if a.kind in ("B", "I", "W"):
-                last[u] += self.done[(k, "F", j, u)]
-            if a.kind == "W":
-                last[u] += self.done[(k, "I", j, u)]
-        gathered = self._zero3_gather(a, phys, c, meta)
+        nu = len(blk.units)
+        last: dict[int, list[int]] = {u: [] for u in range(nu)}
+        if a.kind != "F":
+            done = self.done
+            for u in last:
+                last[u] = done[(k, "F", j, u)] + done[(k, "I", j, u)] if a.kind == "W" \
+                    else list(done[(k, "F", j, u)])
+        gathered = self._zero3_gather(a, phys, c, meta) if self.plan.zero >= 3 else None
         if gathered is not None:
             last = {u: sorted(set(last[u]) | set(gathered[u])) for u in last}
-        if a.kind in ("B", "I") and c.recompute.time_s > 0:
-            for u, (prog, group) in enumerate(units):
-                rids = self._compute(prog, "recompute", f"s{k}.R{j}", c.recompute, last[u], a,
-                                     c.recompute_activation_bytes, 0.0, meta)
-                self.patch.extend((rid, (*key, u)) for rid in rids for key in waits)
-                last[u] = self.tp_tasks(c.recompute_comm, phys, prog, group, rids,
-                                        f"s{k}.R{j}", meta)
+        patch = self.patch
+        if blk.recompute is not None:
+            r = blk.recompute
+            for u in range(nu):
+                deps = tuple(last[u])
+                rids = [add(r.name, j, r.kind, self.compute_stream, (p,), r.time_s, 0.0, (),
+                            deps, r.alloc, 0.0, r.power_w, f, j, k, meta[2], meta[3])
+                        for p, f in zip(blk.units[u][0], blk.freqs[u])]
+                self._note_compute(blk.units[u][0], rids)
+                patch.extend((rid, (*key, u)) for rid in rids for key in waits)
+                if r.op_needs is not None:
+                    last[u] = self._op_tp_tasks(r, phys, blk.units[u][0], rids, j, meta)
+                else:
+                    tp = r.tp[u]
+                    last[u] = (emit(tp, rids, j, meta)[-1:] or rids) if tp is not None else rids
             waits = []
-            last = self._ep_tasks(c.recompute_ep_comm, phys, f"s{k}.R{j}", last, meta)
-        work = {"F": c.forward, "B": c.backward, "I": c.backward_input,
-                "W": c.backward_weight}[a.kind]
-        alloc = c.kept_activation_bytes if a.kind == "F" else 0.0
-        n = len(per_bucket)
-        name = f"s{k}.{a.kind}{j}"
-        part = Work(time_s=work.time_s / n, energy_j=work.energy_j / n)
-        for u, (prog, group) in enumerate(units):
+            last = self._ep_tasks(c.recompute_ep_comm, phys, f"s{k}.R%d", j, last, meta)
+        m = blk.main
+        for u in range(nu):
+            prog = blk.units[u][0]
             if a.kind == "F":
-                self.held[(k, j, u)] = alloc
-            free = self.held.get((k, j, u), 0.0) + c.recompute_activation_bytes \
-                if a.kind == final_kind else 0.0
+                self.held[(k, j, u)] = m.alloc
+            free = self.held.get((k, j, u), 0.0) + blk.extra_free if blk.final else 0.0
             if gathered is not None:
                 free += self._zero3_bytes(phys, c)
             ids: list[int] = last[u]
-            for b in range(n):
-                ids = self._compute(prog, KIND_OF_ACTION[a.kind],
-                                    name if n == 1 else f"{name}.b{b}", part, ids, a,
-                                    alloc if b == 0 else 0.0, free if b == n - 1 else 0.0, meta)
-                if b == 0:
-                    self.patch.extend((tid, (*key, u)) for tid in ids for key in waits)
+            for bucket in range(n):
+                deps = tuple(ids)
+                alloc = m.alloc if bucket == 0 else 0.0
+                fr = free if bucket == n - 1 else 0.0
+                ids = [add(m.names[bucket], j, m.kind, self.compute_stream, (p,), m.time_s, 0.0,
+                           (), deps, alloc, fr, m.power_w, f, j, k, meta[2], meta[3])
+                       for p, f in zip(prog, blk.freqs[u])]
+                if bucket == 0 and waits:
+                    patch.extend((tid, (*key, u)) for tid in ids for key in waits)
                 for p, tid in zip(prog, ids):
-                    per_bucket[b][p] = tid
+                    per_bucket[bucket][p] = tid
             self.history.setdefault((phys, u), []).append(ids[0])
-            needs = {"F": c.fwd_comm, "B": c.bwd_comm, "I": c.bwd_comm, "W": ()}[a.kind]
-            last[u] = self.tp_tasks(needs, phys, prog, group, ids, name, meta)
-        ep_needs = {"F": c.fwd_ep_comm, "B": c.bwd_ep_comm, "I": c.bwd_ep_comm, "W": ()}[a.kind]
-        last = self._ep_tasks(ep_needs, phys, name, last, meta)
-        for u in last:
-            self.done[(k, a.kind, j, u)] = last[u]
-            self._send(a, u, last[u], meta)
+            self._note_compute(prog, ids)
+            if m.op_needs is not None:
+                last[u] = self._op_tp_tasks(m, phys, prog, ids, j, meta)
+            else:
+                tp = m.tp[u]
+                last[u] = (emit(tp, ids, j, meta)[-1:] or ids) if tp is not None else ids
+        if blk.ep_needs:
+            last = self._ep_tasks(blk.ep_needs, phys, f"s{k}.{a.kind}%d", j, last, meta)
+        done = self.done
+        recv = self.recv
+        send = blk.send
+        for u in range(nu):
+            after = last[u]
+            done[(k, a.kind, j, u)] = after
+            if send is None:
+                continue
+            if send.local:
+                recv.setdefault((send.dst, send.direction, j, u), []).extend(after)
+                continue
+            for tp, dst_unit in send.per_unit[u]:
+                ids = emit(tp, after, j, meta)
+                recv.setdefault((send.dst, send.direction, j, dst_unit), []).extend(
+                    ids[-1:] or after)
 
-    def _ep_tasks(self, needs: tuple[CommNeed, ...], phys: int, name: str,
-                  last: dict[int, list[int]], meta: dict[str, Any]) -> dict[int, list[int]]:
+    def _note_compute(self, prog: tuple[int, ...], ids: list[int]) -> None:
+        """Remember each rank's latest compute task (the optimizer step waits for it)."""
+        for p, tid in zip(prog, ids):
+            self.last_compute[p] = tid
+
+    def _block(self, a: Action, phys: int, c: InstructionCosts, final_kind: str, n: int,
+               freq: float | None) -> _Block:
+        """Work out what every instruction like `a` emits (see `_instruction`)."""
+        k, b = a.stage, self.b
+        units = self.units(phys)
+        freqs = [[freq or self.max_clock_mhz[p] for p in prog] for prog, _ in units]
+        op_tp = self.has_op_tp(phys)
+        recompute = None
+        if a.kind in ("B", "I") and c.recompute.time_s > 0:
+            rname = f"s{k}.R%d"
+            recompute = _Part(name=b.name_template(rname), names=[], kind=b.kind("recompute"),
+                              time_s=c.recompute.time_s, power_w=c.recompute.power_w,
+                              alloc=c.recompute_activation_bytes,
+                              tp=[self._tp_plan(c.recompute_comm, phys, prog, group, rname)
+                                  for prog, group in units] if not op_tp else [],
+                              op_needs=c.recompute_comm if op_tp else None,
+                              tp_name=b.name_template("tp." + rname))
+        work = {"F": c.forward, "B": c.backward, "I": c.backward_input,
+                "W": c.backward_weight}[a.kind]
+        name = f"s{k}.{a.kind}%d"
+        names = [name] if n == 1 else [f"{name}.b{bucket}" for bucket in range(n)]
+        part = Work(time_s=work.time_s / n, energy_j=work.energy_j / n)
+        needs = {"F": c.fwd_comm, "B": c.bwd_comm, "I": c.bwd_comm, "W": ()}[a.kind]
+        main = _Part(name=b.name_template(names[0]), names=[b.name_template(x) for x in names],
+                     kind=b.kind(KIND_OF_ACTION[a.kind]), time_s=part.time_s,
+                     power_w=part.power_w,
+                     alloc=c.kept_activation_bytes if a.kind == "F" else 0.0,
+                     tp=[self._tp_plan(needs, phys, prog, group, name) for prog, group in units]
+                     if not op_tp else [],
+                     op_needs=needs if op_tp else None, tp_name=b.name_template("tp." + name))
+        ep_needs = {"F": c.fwd_ep_comm, "B": c.bwd_ep_comm, "I": c.bwd_ep_comm,
+                    "W": ()}[a.kind]
+        layers = self.stage_layers[k]
+        return _Block(units=units, freqs=freqs, first_layer=layers[0], last_layer=layers[-1],
+                      recompute=recompute, main=main, final=a.kind == final_kind,
+                      extra_free=c.recompute_activation_bytes,
+                      ep_needs=ep_needs if self.plan.ep >= 2 else (),
+                      send=self._send_plan(a))
+
+    def _tp_plan(self, needs: tuple[CommNeed, ...], s: int, prog: tuple[int, ...],
+                 group: tuple[int, ...], name: str) -> PlannedComm | None:
+        """The tensor-parallel collectives of one instruction on one unit, right after its
+        compute (Megatron runs them synchronously between GEMMs, so their sum after the
+        compute takes the same total time); None when there are none. `name` is the
+        instruction's name template ("s3.F%d")."""
+        if not needs or len(group) < 2 or not self.opt.communication \
+                or not self.opt.tp_communication:
+            return None
+        pairs = [(n.collective, n.size_bytes) for n in needs]
+        b = self.b
+        if self.fold:
+            copies, key = self.tp_groups(s), ("tp", s)
+        else:
+            copies, key = [group], ("tp1", group)
+        return PlannedComm(template=self.comm.template(pairs, copies, key),
+                     name=b.name_template("tp." + name), kind=b.kind(kind_of(pairs)),
+                     stream=b.stream("tp"), prog_ranks=prog)
+
+    def _op_tp_tasks(self, part: _Part, s: int, prog: tuple[int, ...], ids: list[int],
+                     j: int, meta: Meta) -> list[int]:
+        """The collectives of one instruction on a stage whose ops have their own
+        tensor-parallel degrees (Aceso): each `CommNeed` runs over the stage's groups of
+        `group_size` consecutive ranks (0: the stage's tp), consecutive needs of one size as
+        one chain. Folded, one chain stands for every group of that size (the copies);
+        unfolded, each group's chain waits for the previous step of its own ranks. `ids` are
+        the compute tasks of `prog`, one per rank; returns what the next step waits for."""
+        needs = part.op_needs or ()
+        if not needs or not self.opt.communication or not self.opt.tp_communication:
+            return ids
+        ranks, tp = self.stage_gpu_ranks[s], self.plan.tp_of_stage(s)
+        # One chain per group size, in order of first use: the collectives all run after the
+        # instruction's compute anyway (as in `_tp_plan`), so their order inside it does not
+        # change its time, and a deep stage then emits a few chains, not one per layer.
+        by_size: dict[int, list[Need]] = {}
+        for need in needs:
+            t = need.group_size or tp
+            by_size.setdefault(t, []).append((need.collective, need.size_bytes))
+        runs = list(by_size.items())
+        b = self.b
+        kind = b.kind(kind_of([(n.collective, n.size_bytes) for n in needs]))
+        stream = b.stream("tp")
+        if self.fold:
+            prev = ids
+            for t, pairs in runs:
+                if t < 2:
+                    continue
+                groups = [tuple(ranks[i:i + t]) for i in range(0, len(ranks), t)]
+                out = self.comm.tasks(pairs, name=part.tp_name, arg=j, kind=kind, stream=stream,
+                                      prog_ranks=prog, copies=groups, deps=prev, meta=meta,
+                                      key=("tpg", s, t))
+                prev = out[-1:] or prev
+            return prev
+        tail = {r: [tid] for r, tid in zip(prog, ids)}
+        for t, pairs in runs:
+            if t < 2:
+                continue
+            for i in range(0, len(ranks), t):
+                group = tuple(ranks[i:i + t])
+                deps = sorted({d for r in group for d in tail[r]})
+                out = self.comm.tasks(pairs, name=part.tp_name, arg=j, kind=kind, stream=stream,
+                                      prog_ranks=group, copies=[group], deps=deps, meta=meta)
+                if out:
+                    for r in group:
+                        tail[r] = out[-1:]
+        return sorted({d for r in prog for d in tail[r]})
+
+    def _send_plan(self, a: Action) -> _Send | None:
+        """Point-to-point transfer of activations (after F) or gradients (after B/I) to the
+        neighbouring stage, per sending unit: the transfers and the receiving unit of each."""
+        k, j = a.stage, a.micro_batch
+        if a.kind == "F" and k < self.plan.num_stages - 1:
+            dst, direction, size = k + 1, "F", self.boundary_bytes(k, j)
+        elif a.kind in ("B", "I") and k > 0:
+            dst, direction, size = k - 1, "B", self.boundary_bytes(k - 1, j)
+        else:
+            return None
+        src_s, dst_s = self.phys_stage(k), self.phys_stage(dst)
+        if src_s == dst_s or not self.opt.communication or size <= 0:
+            return _Send(dst=dst, direction=direction, local=True, per_unit=[])
+        pairs, size = self._p2p_pairs(src_s, dst_s, size, j)
+        b = self.b
+        stream, kind = b.stream(f"pp{src_s}>{dst_s}"), b.kind("p2p")
+        label = b.name_template(f"s{k}>{dst}.{direction}%d")
+        need = [("p2p", size)]
+        if self.fold:
+            comm = PlannedComm(template=self.comm.template(need, pairs, ("pp", src_s, dst_s)),
+                         name=label, kind=kind, stream=stream, prog_ranks=(src_s, dst_s))
+            return _Send(dst=dst, direction=direction, local=False, per_unit=[[(comm, 0)]])
+        dst_unit = self.unit_of(dst_s)
+        per_unit = []
+        for prog, _group in self.units(src_s):
+            unit = set(prog)
+            per_unit.append([
+                (PlannedComm(template=self.comm.template(need, [(src_r, dst_r)]), name=label,
+                       kind=kind, stream=stream, prog_ranks=(src_r, dst_r)), dst_unit[dst_r])
+                for src_r, dst_r in pairs if src_r in unit])
+        return _Send(dst=dst, direction=direction, local=False, per_unit=per_unit)
+
+    def _ep_tasks(self, needs: tuple[CommNeed, ...], phys: int, name: str, arg: int,
+                  last: dict[int, list[int]], meta: Meta) -> dict[int, list[int]]:
         """Expert-parallel all-to-alls (MoE dispatch/combine) over the stage's ep groups."""
         if not needs or self.plan.ep < 2:
             return last
         pairs = [(n.collective, n.size_bytes) for n in needs]
-        return self._cross_unit(phys, self.ep_groups(phys), pairs, name=f"ep.{name}",
-                                kind=kind_of(pairs), stream="ep", last=last, meta=meta)
-
-    def _zero3_bytes(self, phys: int, c: InstructionCosts) -> float:
-        """Gathered-parameter bytes a rank holds during a ZeRO-3 pass.
-
-        The whole stage's parameters cross the network, but ZeRO-3 gathers them module by module
-        and frees each after use, prefetching the next (Rajbhandari et al. 2020, §5.3; DeepSpeed's
-        prefetch bucket): at most about two layers' gathered weights are resident at once, never
-        more than the stage's. The shard a rank owns is already in its static memory.
-        """
-        dp = self.plan.dp_of_stage(phys)
-        weight_bytes = optimizer_bytes_per_param(self.plan.dtype)[0]
-        stage_bytes = c.params * weight_bytes
-        layer_bytes = self._largest_layer_params(phys) * weight_bytes
-        return min(stage_bytes, 2 * layer_bytes) * (dp - 1) / dp
-
-    def _largest_layer_params(self, phys: int) -> float:
-        """Parameters per GPU of the largest layer on physical stage `phys`."""
-        cache = self.__dict__.setdefault("_largest_layer_cache", {})
-        if phys not in cache:
-            graph = self.graph(self.micro_batches[0])
-            tp = self.plan.tp_of_stage(phys)
-            cache[phys] = max(
-                (sum(op.params for op in graph.layers[i].sharded_ops(tp, self.plan.sp,
-                                                                      self.plan.ep))
-                 for k in self.stage_layers_idx(phys) for i in self.stage_layers[k]),
-                default=0)
-        return cache[phys]
-
-    def _zero3_gather(self, a: Action, phys: int, c: InstructionCosts, meta: dict[str, Any]
-                      ) -> dict[int, list[int]] | None:
-        """ZeRO-3 (Rajbhandari et al. 2020, §5.3): every forward, and every backward that needs
-        the weights (B, I; not W), first all-gathers the stage's parameters over the
-        data-parallel group, held until the pass ends. The gather is prefetched: it may start
-        once the rank's compute two instructions earlier has ended (so it overlaps the previous
-        instruction, and at most two gathered copies are alive)."""
-        plan = self.plan
-        if plan.zero < 3 or a.kind == "W" or plan.dp_of_stage(phys) < 2 \
-                or not self.opt.communication:
-            return None
-        size = c.params * optimizer_bytes_per_param(plan.dtype)[0]
-        prefetch = {u: self.history.get((phys, u), [])[-2:-1]
-                    for u in range(len(self.units(phys)))}
-        return self._cross_unit(phys, self.dp_groups(phys), [("all_gather", size)],
-                                name=f"s{a.stage}.{a}.gather", kind="all_gather", stream="dp",
-                                last=prefetch, meta={"mem_alloc_bytes":
-                                                     self._zero3_bytes(phys, c)} | meta)
-
-    def _buckets(self, c: InstructionCosts) -> int:
-        """Gradient buckets of a stage (bucket size from the options, 1..16)."""
-        grad_bytes = c.params * optimizer_bytes_per_param(self.plan.dtype)[1]
-        return max(1, min(16, round(grad_bytes / self.opt.dp_bucket_bytes)))
-
-    def _dp_sync(self, k: int, phys: int, c: InstructionCosts,
-                 per_bucket: list[dict[int, int]]) -> None:
-        """Data-parallel gradient reduction of each bucket as soon as its backward part ends
-        (PyTorch DDP / Megatron overlap_grad_reduce); reduce-scatter under ZeRO >= 1."""
-        grad_bytes = c.params * optimizer_bytes_per_param(self.plan.dtype)[1]
-        kind = "all_reduce" if self.plan.zero == 0 else "reduce_scatter"
-        copies = self.dp_groups(phys)
-        n = len(per_bucket)
-        for b in range(n):
-            label = f"s{k}.dp" + ("" if n == 1 else f".b{b}")
-            groups = [((phys,), copies)] if self.fold else [(g, [g]) for g in copies]
-            for prog, cps in groups:
-                ids = self.comm.tasks([(kind, grad_bytes / n)], name=label, kind=kind,
-                                      stream="dp", prog_ranks=prog, copies=cps,
-                                      deps=[per_bucket[b][r] for r in prog],
-                                      meta={"stage": k})
-                for r in prog:
-                    self.dp_tail[r].extend(ids[-1:])
-
-    def _compute(self, prog: tuple[int, ...], kind: str, name: str, work: Work, deps: list[int],
-                 action: Action, alloc: float, free: float, meta: dict[str, Any]) -> list[int]:
-        """One compute task per program rank of the unit, at the instruction's SM clock
-        (the GPU's maximum when the plan sets none); returns their ids."""
-        freq = self.freq(action.stage, action)
-        ids = []
-        for p in prog:
-            f = freq or self.cluster.gpu(self.represents[p][0]).sm_clock_max_mhz
-            ids.append(self._add(_Pending(name=name, kind=kind, ranks=(p,), stream="compute",
-                                          duration_s=work.time_s, power_w=work.power_w,
-                                          freq_mhz=f, deps=list(deps), mem_alloc_bytes=alloc,
-                                          mem_free_bytes=free, **meta)))
-        return ids
+        b = self.b
+        return self._cross_unit(phys, self.ep_groups(phys), pairs,
+                                name=b.name_template("ep." + name), arg=arg,
+                                kind=b.kind(kind_of(pairs)), stream=b.stream("ep"), last=last,
+                                meta=meta, key=("ep", phys))
 
     def boundary_bytes(self, k: int, j: int) -> float:
         key = (k, self._mb_key(j))
@@ -357,38 +484,6 @@ class _Lowering(LoweringLayout):
                 size += side / div
         return size
 
-    def _send(self, a: Action, u: int, after: list[int], meta: dict[str, Any]) -> None:
-        """Point-to-point transfer of activations (after F) or gradients (after B/I) to the
-        neighbouring stage; records what each receiving unit waits for."""
-        k, j = a.stage, a.micro_batch
-        if a.kind == "F" and k < self.plan.num_stages - 1:
-            dst, direction, size = k + 1, "F", self.boundary_bytes(k, j)
-        elif a.kind in ("B", "I") and k > 0:
-            dst, direction, size = k - 1, "B", self.boundary_bytes(k - 1, j)
-        else:
-            return
-        src_s, dst_s = self.phys_stage(k), self.phys_stage(dst)
-        if src_s == dst_s or not self.opt.communication or size <= 0:
-            self.recv.setdefault((dst, direction, j, u), []).extend(after)
-            return
-        pairs, size = self._p2p_pairs(src_s, dst_s, size, j)
-        stream = f"pp{src_s}>{dst_s}"
-        label = f"s{k}>{dst}.{direction}{j}"
-        if self.fold:
-            ids = self.comm.tasks([("p2p", size)], name=label, kind="p2p", stream=stream,
-                                  prog_ranks=(src_s, dst_s), copies=pairs, deps=after, meta=meta)
-            self.recv.setdefault((dst, direction, j, 0), []).extend(ids[-1:] or after)
-            return
-        unit = set(self.units(src_s)[u][0])
-        dst_unit = {r: v for v, (prog, _) in enumerate(self.units(dst_s)) for r in prog}
-        for src_r, dst_r in pairs:
-            if src_r in unit:
-                ids = self.comm.tasks([("p2p", size)], name=label, kind="p2p", stream=stream,
-                                      prog_ranks=(src_r, dst_r), copies=[(src_r, dst_r)],
-                                      deps=after, meta=meta)
-                self.recv.setdefault((dst, direction, j, dst_unit[dst_r]), []).extend(
-                    ids[-1:] or after)
-
     def _p2p_pairs(self, src_s: int, dst_s: int, size: float, j: int
                    ) -> tuple[list[tuple[int, int]], float]:
         """(src, dst) GPU pairs of a stage-boundary transfer and the bytes of each.
@@ -411,45 +506,6 @@ class _Lowering(LoweringLayout):
         per_pair = min(size * len(src) / n, size * dst_b / src_b * len(dst) / n)
         return pairs, per_pair
 
-    def _optimizer(self) -> None:
-        """The Adam step on each rank after its last compute and gradient reduction; under
-        ZeRO-1/2 each rank updates its 1/dp shard and the shards are all-gathered (ZeRO-3
-        keeps the parameters sharded and gathers them before each pass instead)."""
-        plan = self.plan
-        last_compute: dict[int, int] = {}
-        for tid, t in enumerate(self.tasks):
-            if t.stream == "compute":
-                last_compute[t.ranks[0]] = tid
-        step: dict[int, int] = {}
-        for p in range(self.num_ranks):
-            phys_stage = self._phys_stage_of_prog(p)
-            params = self._local_params(phys_stage)
-            updated = params / plan.dp_of_stage(phys_stage) if plan.zero >= 1 else params
-            gpu = self.cluster.gpu(self.represents[p][0])
-            est = self.cost_model.estimate("elementwise", ADAM_STEP_FLOPS_PER_PARAM * updated,
-                                           ADAM_STEP_BYTES_PER_PARAM * updated, gpu, None, "fp32",
-                                           None)
-            deps = sorted(set(self.dp_tail.get(p, [])))
-            if p in last_compute:
-                deps.append(last_compute[p])
-            step[p] = self._add(_Pending(name="optimizer", kind="optimizer", ranks=(p,),
-                                         stream="compute", duration_s=est.time_s,
-                                         power_w=est.power_w, freq_mhz=gpu.sm_clock_max_mhz,
-                                         deps=deps))
-        if plan.zero not in (1, 2) or not self.opt.communication:
-            return
-        w_bytes = optimizer_bytes_per_param(plan.dtype)[0]
-        for s in range(plan.pp):
-            if plan.dp_of_stage(s) < 2:
-                continue
-            size = self._local_params(s) * w_bytes
-            groups = self.dp_groups(s)
-            calls = [((s,), groups)] if self.fold else [(g, [g]) for g in groups]
-            for prog, copies in calls:
-                self.comm.tasks([("all_gather", size)], name="params.all_gather",
-                                kind="all_gather", stream="dp", prog_ranks=prog, copies=copies,
-                                deps=[step[r] for r in prog], meta={})
-
     # ------------------------------------------------------------------ program
     def _program(self) -> Program:
         plan, cluster = self.plan, self.cluster
@@ -467,12 +523,6 @@ class _Lowering(LoweringLayout):
             idle.append(float(cluster.idle_power_w(self.represents[p][0])))
             gpu_names.append(gpu.name)
             peaks.append(float(gpu.peak_flops(plan.dtype)))
-        # The lowering computes every number itself, so tasks skip the per-field checks.
-        tasks = [trusted_task((t.name, t.kind, t.ranks, t.stream, float(t.duration_s),
-                               float(t.comm_bytes), t.links, tuple(t.deps),
-                               float(t.mem_alloc_bytes), float(t.mem_free_bytes),
-                               float(t.power_w), t.freq_mhz, t.micro_batch, t.stage,
-                               t.first_layer, t.last_layer)) for t in self.tasks]
         model_flops = sum(self.graph(mb).training_flops("none", matmul_only=True)
                           for mb in self.micro_batches) * plan.dp
         tokens = sum(mb.batch_size * mb.seq_len for mb in self.micro_batches) * plan.dp
@@ -485,7 +535,8 @@ class _Lowering(LoweringLayout):
             "gpu_names": gpu_names, "folded": self.fold,
             "price_per_hour_usd": float(cluster.price_per_hour_usd),
         }
-        return Program(num_ranks=self.num_ranks, tasks=tasks,
+        # The lowering computes every number itself, so tasks skip the per-task checks.
+        return Program(num_ranks=self.num_ranks, tasks=self.b.build(),
                        link_bandwidth_bytes_per_s=dict(sorted(self.comm.links.items())),
                        static_memory_bytes=static, memory_capacity_bytes=capacity,
                        idle_power_w=idle, represents=self.represents, metadata=metadata)

@@ -19,36 +19,100 @@ homogeneous node group) and an approximation otherwise (see `LoweringOptions.fol
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from trainsim.simulator.collectives import CommPhase, plan_collective
+from trainsim.simulator.task_table import TaskTableBuilder
 
 Need = tuple[str, float]
 """(collective kind, size in bytes as `plan_collective` takes it)."""
 
+Meta = tuple[int, int, int, int]
+"""(micro-batch, stage, first layer, last layer) of a task; -1 where none."""
+
+NO_META: Meta = (-1, -1, -1, -1)
+
+Template = list[tuple[float, float, tuple[int, ...]]]
+"""(latency, bytes per link, link codes) of each task of a planned chain of collectives."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedComm:
+    """A planned chain of communication tasks on fixed program ranks (builder codes): what
+    lowering stamps out once per micro-batch with `CommLowering.emit_planned`."""
+
+    template: Template
+    name: int
+    kind: int
+    stream: int
+    prog_ranks: tuple[int, ...]
+
+
+class MemoTopology:
+    """The cluster's `path`, `node_of`, `ranks_of_node` and `link`, remembered per argument.
+
+    Planning one lowering's collectives asks for the same few paths thousands of times (every
+    tensor-parallel group, every copy of a folded collective); the cluster computes each from
+    its node groups. The answers are pure functions of the cluster, so they are kept.
+    """
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self._path: dict[tuple[int, int], Any] = {}
+        self._node: dict[int, int] = {}
+        self._ranks: dict[int, list[int]] = {}
+        self._link: dict[str, Any] = {}
+
+    def path(self, src_rank: int, dst_rank: int) -> Any:
+        """`cluster.path`, remembered."""
+        key = (src_rank, dst_rank)
+        found = self._path.get(key)
+        if found is None:
+            found = self._path[key] = self.cluster.path(src_rank, dst_rank)
+        return found
+
+    def node_of(self, rank: int) -> int:
+        """`cluster.node_of`, remembered."""
+        found = self._node.get(rank)
+        if found is None:
+            found = self._node[rank] = self.cluster.node_of(rank)
+        return found
+
+    def ranks_of_node(self, node: int) -> list[int]:
+        """`cluster.ranks_of_node`, remembered."""
+        if node not in self._ranks:
+            self._ranks[node] = self.cluster.ranks_of_node(node)
+        return self._ranks[node]
+
+    def link(self, link_id: str) -> Any:
+        """`cluster.link`, remembered."""
+        if link_id not in self._link:
+            self._link[link_id] = self.cluster.link(link_id)
+        return self._link[link_id]
+
 
 class CommLowering:
-    """Plans collectives on a cluster and emits them as tasks through `add_task`.
+    """Plans collectives on a cluster and appends them as tasks to a `TaskTableBuilder`.
 
     Args:
         cluster: the Cluster (paths, links).
         algorithm: all-reduce algorithm ("auto", "ring", "tree", "hierarchical").
-        add_task: callback ``(fields) -> task id`` creating one task; fields are those of
-            `trainsim.simulator.program.Task` (deps as a list).
+        builder: where tasks go (name, kind, stream and link codes are the builder's).
     """
 
-    def __init__(self, cluster: Any, algorithm: str,
-                 add_task: Callable[[dict[str, Any]], int]) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: Any, algorithm: str, builder: TaskTableBuilder) -> None:
+        self.topology = MemoTopology(cluster)
         self.algorithm = algorithm
-        self.add_task = add_task
+        self.builder = builder
         self.links: dict[str, float] = {}
         """Bandwidth of every (possibly virtual ``l/n``) link a task crosses."""
         self._phase_cache: dict[tuple[str, tuple[int, ...], float], tuple[CommPhase, ...]] = {}
         self._load_cache: dict[tuple, dict[str, int]] = {}
-        self._template_cache: dict[tuple, list[tuple[float, float, tuple[str, ...]]]] = {}
+        self._template_cache: dict[tuple, list[tuple[float, float, tuple[int, ...]]]] = {}
 
     def phases(self, kind: str, group: tuple[int, ...], size: float) -> tuple[CommPhase, ...]:
         """The planned phases of one collective on physical ranks `group` (cached)."""
@@ -56,7 +120,7 @@ class CommLowering:
         if key not in self._phase_cache:
             algorithm = self.algorithm if kind == "all_reduce" else "auto"
             self._phase_cache[key] = tuple(
-                plan_collective(kind, group, size, self.cluster, algorithm))
+                plan_collective(kind, group, size, self.topology, algorithm))
         return self._phase_cache[key]
 
     def link_load(self, needs: Sequence[Need], copies: Sequence[tuple[int, ...]]
@@ -74,47 +138,82 @@ class CommLowering:
             self._load_cache[key] = dict(load)
         return self._load_cache[key]
 
-    def tasks(self, needs: Sequence[Need], *, name: str, kind: str, stream: str,
+    def tasks(self, needs: Sequence[Need], *, name: int, arg: int, kind: int, stream: int,
               prog_ranks: tuple[int, ...], copies: Sequence[tuple[int, ...]],
-              deps: Sequence[int], meta: dict[str, Any]) -> list[int]:
+              deps: Sequence[int], meta: Meta, alloc_bytes: float = 0.0,
+              key: Any = None) -> list[int]:
         """Tasks running `needs` one after another over `copies[0]`; returns their ids in order.
 
         `copies` lists every physical group running the same collectives at the same time
-        (several when folded, else just the one). Returns [] when nothing moves (a group of one
-        rank, or no needs).
+        (several when folded, else just the one). `name`, `kind` and `stream` are builder
+        codes, `arg` the name's argument; every task allocates `alloc_bytes` at its start.
+        `key`, when given, stands for `copies` in the plan cache (the caller promises one key
+        always comes with the same copies), which spares hashing long lists of groups. Returns
+        [] when nothing moves (a group of one rank, or no needs).
         """
+        return self.emit(self.template(needs, copies, key), name=name, arg=arg, kind=kind,
+                         stream=stream, prog_ranks=prog_ranks, deps=deps, meta=meta,
+                         alloc_bytes=alloc_bytes)
+
+    def template(self, needs: Sequence[Need], copies: Sequence[tuple[int, ...]],
+                 key: Any = None) -> list[tuple[float, float, tuple[int, ...]]]:
+        """(latency, bytes per link, link codes) of each task `tasks` would create for `needs`
+        over `copies` (cached; `key` as for `tasks`)."""
+        needs = tuple(needs)
+        cache_key = (needs, key) if key is not None else (needs, tuple(copies))
+        template = self._template_cache.get(cache_key)
+        if template is None:
+            template = self._template_cache[cache_key] = self._template(needs, tuple(copies))
+        return template
+
+    def emit_planned(self, planned: PlannedComm, deps: Sequence[int], arg: int, meta: Meta
+                     ) -> list[int]:
+        """Append a `PlannedComm` chain after `deps` with name argument `arg`; ids in order."""
         ids: list[int] = []
-        prev = list(deps)
-        for latency_s, nbytes, links in self._template(tuple(needs), tuple(copies)):
-            tid = self.add_task({"name": name, "kind": kind, "ranks": prog_ranks,
-                                 "stream": stream, "duration_s": latency_s,
-                                 "comm_bytes": nbytes, "links": links, "deps": prev, **meta})
-            prev = [tid]
+        prev: Sequence[int] = deps
+        add = self.builder.add
+        mb, stage, first, last = meta
+        name, kind, stream, ranks = planned.name, planned.kind, planned.stream, planned.prog_ranks
+        for latency_s, nbytes, links in planned.template:
+            tid = add(name, arg, kind, stream, ranks, latency_s, nbytes, links, prev, 0.0, 0.0,
+                      0.0, math.nan, mb, stage, first, last)
+            prev = (tid,)
+            ids.append(tid)
+        return ids
+
+    def emit(self, template: Template, *, name: int, arg: int,
+             kind: int, stream: int, prog_ranks: tuple[int, ...], deps: Sequence[int],
+             meta: Meta, alloc_bytes: float = 0.0) -> list[int]:
+        """Append the chain of tasks of a `template` (each after the previous, the first after
+        `deps`); returns their ids."""
+        ids: list[int] = []
+        prev: Sequence[int] = deps
+        add = self.builder.add
+        mb, stage, first, last = meta
+        for latency_s, nbytes, links in template:
+            tid = add(name, arg, kind, stream, prog_ranks, latency_s, nbytes, links, prev,
+                      alloc_bytes, 0.0, 0.0, math.nan, mb, stage, first, last)
+            prev = (tid,)
             ids.append(tid)
         return ids
 
     def _template(self, needs: tuple[Need, ...], copies: tuple[tuple[int, ...], ...]
-                  ) -> list[tuple[float, float, tuple[str, ...]]]:
-        """(latency, bytes per link, link ids) of each task `tasks` creates, cached: lowering
-        asks for the same collective on the same groups once per micro-batch."""
-        key = (needs, copies)
-        cached = self._template_cache.get(key)
-        if cached is not None:
-            return cached
-        out: list[tuple[float, float, tuple[str, ...]]] = []
+                  ) -> list[tuple[float, float, tuple[int, ...]]]:
+        """(latency, bytes per link, link codes) of each task `tasks` creates: lowering asks
+        for the same collective on the same groups once per micro-batch, so it is cached."""
+        out: list[tuple[float, float, tuple[int, ...]]] = []
         group = copies[0]
         phases = [ph for k, size in needs if size > 0 for ph in self.phases(k, group, size)] \
             if len(group) >= 2 else []
         load = self.link_load(needs, copies) if len(copies) > 1 and phases else {}
         for merged in merge_phases(phases):
-            links: list[str] = []
+            links: list[int] = []
             for link in merged.links if merged.bytes_per_link > 0 else ():
                 n = load.get(link, 1)
                 lid = link if n <= 1 else f"{link}/{n}"
-                self.links.setdefault(lid, self.cluster.link(link).bandwidth_bytes_per_s / n)
-                links.append(lid)
+                self.links.setdefault(lid, self.topology.link(link).bandwidth_bytes_per_s / n)
+                links.append(self.builder.link(lid))
             out.append((merged.latency_s, merged.bytes_per_link if links else 0.0, tuple(links)))
-        self._template_cache[key] = out
         return out
 
 
@@ -140,4 +239,5 @@ def kind_of(needs: Sequence[Need]) -> str:
     return kinds.pop() if len(kinds) == 1 else "tp_comm"
 
 
-__all__ = ["CommLowering", "Need", "kind_of", "merge_phases"]
+__all__ = ["NO_META", "CommLowering", "MemoTopology", "Meta", "Need", "PlannedComm", "Template",
+           "kind_of", "merge_phases"]

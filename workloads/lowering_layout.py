@@ -9,8 +9,9 @@ planner).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from trainsim.errors import PlanError
 from trainsim.simulator.actions import Action, infer_stage_to_rank
@@ -18,6 +19,27 @@ from trainsim.simulator.schedules import explicit, get_schedule
 from trainsim.workloads.model import ModelGraph, build_graph
 from trainsim.workloads.plan import MicroBatch, ParallelPlan
 from trainsim.workloads.stage_costs import InstructionCosts, instruction_costs
+
+T = TypeVar("T")
+
+
+def _cached(method: Callable[..., T]) -> Callable[..., T]:
+    """Remember a method's results on its object (not `functools.cache`, whose class-wide
+    cache would keep every lowering, and all its tasks, alive)."""
+    attr = f"_cache_{method.__name__}"
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any) -> T:
+        cache = self.__dict__.get(attr)
+        if cache is None:
+            cache = self.__dict__[attr] = {}
+        try:
+            return cache[args]
+        except KeyError:
+            value = cache[args] = method(self, *args)
+            return value
+
+    return wrapper
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -206,30 +228,51 @@ class LoweringLayout:
             return self.graphs[mb_key]
         return self.graph(MicroBatch(batch_size=b, seq_len=mb_key[1]))
 
-    @functools.cache  # noqa: B019 - one lowering object per call
+    @_cached
     def costs(self, vstage: int, mb_key: tuple[int, int], freq: float | None) -> InstructionCosts:
         s = self.phys_stage(vstage)
         graph = self.stage_graph(s, mb_key)
         layers = [graph.layers[i] for i in self.stage_layers[vstage]]
         gpu = self.cluster.gpu(self.stage_gpu_ranks[s][0])
+        degrees = None
+        if self.has_op_tp(s):  # per-op degrees (Aceso): costed by workloads/op_parallel.py
+            from trainsim.workloads.op_parallel import stage_op_degrees
+
+            idx = self.stage_layers[vstage]
+            degrees = stage_op_degrees(
+                self.plan, s, self.plan.replica_batch(s, mb_key[0]),
+                lambda b: [self.graph(MicroBatch(batch_size=b, seq_len=mb_key[1])).layers[i]
+                           for i in idx])
         return instruction_costs(layers, tp=self.plan.tp_of_stage(s), sp=self.plan.sp,
                                  ep=self.plan.ep, recompute=self.plan.recompute_of_stage(s),
                                  cost_model=self.cost_model, gpu=gpu, freq_mhz=freq,
-                                 dtype=self.plan.dtype)
+                                 dtype=self.plan.dtype, **({"op_degrees": degrees}
+                                                           if degrees is not None else {}))
+
+    def has_op_tp(self, s: int) -> bool:
+        """Whether some op of physical stage `s` has its own tensor-parallel degree (then the
+        stage is one replica unit, so every per-op group lies inside it)."""
+        check = getattr(self.plan, "has_op_tp", None)
+        return bool(check(s)) if check is not None else False
 
     # ------------------------------------------------------------------ groups
+    # Lowering asks for a stage's groups once per instruction, so each is built once and the
+    # same (read-only) list returned after.
+    @_cached
     def tp_groups(self, s: int) -> list[tuple[int, ...]]:
         """Physical tensor-parallel groups of stage `s` (consecutive ranks, tp innermost)."""
         t = self.plan.tp_of_stage(s)
         ranks = self.stage_gpu_ranks[s]
         return [tuple(ranks[i:i + t]) for i in range(0, len(ranks), t)]
 
+    @_cached
     def dp_groups(self, s: int) -> list[tuple[int, ...]]:
         """Physical data-parallel groups of stage `s` (one per tp index)."""
         t = self.plan.tp_of_stage(s)
         ranks = self.stage_gpu_ranks[s]
         return [tuple(ranks[i::t]) for i in range(t)]
 
+    @_cached
     def ep_groups(self, s: int) -> list[tuple[int, ...]]:
         """Physical expert-parallel groups of stage `s`: `ep` consecutive data-parallel ranks
         of one tp index (DeepSpeed-MoE's layout) when ep divides the stage's dp degree, else
@@ -239,11 +282,16 @@ class LoweringLayout:
             return [g[i:i + ep] for g in self.dp_groups(s) for i in range(0, len(g), ep)]
         return [tuple(ranks[i:i + ep]) for i in range(0, len(ranks), ep)]
 
+    @_cached
     def units(self, s: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """(program ranks, physical tp group) per replica unit of stage `s`: the whole folded
-        stage, or each tensor-parallel group when unfolded."""
+        stage, or each tensor-parallel group when unfolded (the whole stage when its ops have
+        their own degrees: their groups of different sizes must lie inside one unit)."""
         if self.fold:
             return [((s,), self.tp_groups(s)[0])]
+        if self.has_op_tp(s):
+            ranks = tuple(self.stage_gpu_ranks[s])
+            return [(ranks, ranks)]
         return [(g, g) for g in self.tp_groups(s)]
 
     def _mb_key(self, j: int) -> tuple[int, int]:

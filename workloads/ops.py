@@ -54,6 +54,10 @@ class CommNeed:
     """"all_reduce", "all_gather", "reduce_scatter" or "all_to_all"."""
     size_bytes: float
     """Size of the full (unsharded) tensor the collective acts on."""
+    group_size: int = 0
+    """Ranks of the collective's groups: 0 = the stage's tensor-parallel group (Megatron's
+    one degree per stage); t >= 1 = groups of t consecutive ranks of the stage (tp innermost),
+    as when ops of one stage have their own degrees (Aceso; workloads/op_parallel.py)."""
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
@@ -62,6 +66,9 @@ class CommNeed:
             raise ValueError(f"CommNeed.collective={self.collective!r} is not one of {COLLECTIVES}")
         if self.size_bytes < 0:
             raise ValueError(f"CommNeed.size_bytes={self.size_bytes} is negative")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) \
+                or self.group_size < 0:
+            raise ValueError(f"CommNeed.group_size={self.group_size!r} must be an integer >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -32,6 +32,13 @@ from trainsim.workloads.plan_fields import (
     _pairs,
     _text,
 )
+from trainsim.workloads.plan_op_tp import (
+    check_op_tp,
+    check_op_tp_model,
+    op_tp_of_stage,
+    op_tp_pairs,
+    stage_op_tp_maps,
+)
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "explicit")
 """Built-in schedule names; `torch:<ScheduleClass>` imports one from torch.distributed.pipelining."""
@@ -118,7 +125,12 @@ class ParallelPlan:
     """Per-physical-stage recompute policy (overrides `recompute`): none, selective, full or a
     tuple of op names, one entry per stage (Aceso's per-stage, per-op recompute)."""
     op_tp: tuple[tuple[str, int], ...] = ()
-    """Per-op tensor-parallel overrides: (op name, degree dividing the stage's GPUs)."""
+    """Per-op tensor-parallel degrees for every physical stage: (op name, degree dividing the
+    stage's GPUs); an op at degree t runs on GPUs/t data-parallel replicas (Aceso's per-op
+    tp/dp, workloads/plan_op_tp.py). Ops not named keep the stage's tp."""
+    stage_op_tp: tuple[tuple[tuple[str, int], ...], ...] | None = None
+    """Per-physical-stage per-op degrees, one {op name: degree} map per stage (overrides
+    `op_tp` for the ops it names)."""
     schedule: str = "1f1b"
     """gpipe, 1f1b, interleaved, zb-h1, explicit, or torch:<ScheduleClass>."""
     virtual_stages: int = 1
@@ -168,6 +180,7 @@ class ParallelPlan:
             raise PlanError(f"plan.order has {len(self.order)} rank lists but plan.pp={self.pp}")
         self._check_frequencies()
         self._check_stage_fields()
+        check_op_tp(self)
 
     def _check_types(self) -> None:
         """Normalise every field to its declared type, or raise a PlanError naming it.
@@ -219,9 +232,9 @@ class ParallelPlan:
             put("stage_recompute", tuple(
                 rc if isinstance(rc, str) else (_names(f"stage_recompute[{s}]", rc) or "none")
                 for s, rc in enumerate(policies)))
-        op_tp = _pairs("op_tp", self.op_tp, 'a map from op name to tensor-parallel degree, '
-                       'e.g. {"attn.qkv": 2}')
-        put("op_tp", tuple((k, _int(f"op_tp[{k!r}]", v)) for k, v in op_tp))
+        put("op_tp", op_tp_pairs("op_tp", self.op_tp))
+        if self.stage_op_tp is not None:
+            put("stage_op_tp", stage_op_tp_maps(self.stage_op_tp))
         freqs = _pairs("instruction_freq_mhz", self.instruction_freq_mhz,
                        'a map from action to MHz, e.g. {"0F0": 1100}')
         put("instruction_freq_mhz", tuple(
@@ -371,6 +384,19 @@ class ParallelPlan:
         """Data-parallel degree of a physical stage (its GPUs over its tp)."""
         return self.gpus_of_stage(stage) // self.tp_of_stage(stage)
 
+    def op_tp_of_stage(self, stage: int) -> dict[str, int]:
+        """{op name: tensor-parallel degree} of a physical stage (`op_tp`, then
+        `stage_op_tp[stage]`); ops not named run at `tp_of_stage(stage)`."""
+        return op_tp_of_stage(self, stage)
+
+    def has_op_tp(self, stage: int) -> bool:
+        """Whether some op of a physical stage runs at a degree other than the stage's tp (its
+        costs then come from workloads/op_parallel.py and its collectives carry group sizes)."""
+        if not self.op_tp and self.stage_op_tp is None:
+            return False
+        tp = self.tp_of_stage(stage)
+        return any(t != tp for t in self.op_tp_of_stage(stage).values())
+
     def frequency_of(self, stage: int, action: str | None = None) -> float | None:
         """SM frequency for a stage's instruction: per-instruction, then per-stage, then global."""
         if action is not None and self.instruction_freq_mhz:
@@ -388,6 +414,7 @@ class ParallelPlan:
         self._check_model(model)
         self._check_partition(model)
         self._check_cluster_fit(cluster)
+        check_op_tp_model(self, model)
 
     def _check_gpus(self, cluster: Any) -> None:
         n = cluster.num_gpus
@@ -526,6 +553,8 @@ class ParallelPlan:
                 value = [{"batch_size": m.batch_size, "seq_len": m.seq_len} for m in value]
             elif f.name in ("op_tp", "instruction_freq_mhz"):
                 value = dict(value)
+            elif f.name == "stage_op_tp" and value is not None:
+                value = [dict(m) for m in value]
             elif f.name == "order" and value is not None:
                 value = [list(r) for r in value]
             elif f.name == "stage_recompute" and value is not None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainsim.workloads.model import Layer
+from trainsim.workloads.op_parallel import OpDegrees, op_parallel_costs
 from trainsim.workloads.ops import CommNeed, Op
 
 
@@ -61,11 +62,16 @@ class InstructionCosts:
     kept_activation_bytes: float
     """Bytes one micro-batch holds from its forward until its backward."""
     recompute_activation_bytes: float
-    """Extra bytes the recompute materialises for the backward (freed by it)."""
+    """Extra bytes the recompute materialises for the backward (freed by it): the largest one
+    layer's, since recompute runs one layer at a time before that layer's backward."""
     output_bytes: float
     """Bytes the stage sends to the next stage per micro-batch (per GPU)."""
     params: int
     """Parameters of the stage's layers on one GPU (tied copies included)."""
+    params_by_tp: tuple[tuple[int, int], ...] = ()
+    """Empty for a stage with one tensor-parallel degree; with per-op degrees, (t, parameters
+    per GPU of the ops at degree t), ascending t, summing to `params`: their gradients are
+    reduced over the stage's data-parallel groups of that degree (workloads/op_parallel.py)."""
 
 
 def _op_work(cost_model: Any, gpu: Any, op: Op, flops: float, nbytes: float,
@@ -89,7 +95,8 @@ def _weight_share(op: Op) -> float:
 
 def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
                       recompute: str | tuple[str, ...], cost_model: Any, gpu: Any,
-                      freq_mhz: float | None, dtype: str) -> InstructionCosts:
+                      freq_mhz: float | None, dtype: str,
+                      op_degrees: OpDegrees | None = None) -> InstructionCosts:
     """Sum the per-GPU costs of `layers` (one stage) for one micro-batch.
 
     Args:
@@ -100,7 +107,16 @@ def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
         gpu: the GPU type running the stage.
         freq_mhz: SM clock (None = maximum).
         dtype: compute precision.
+        op_degrees: per-op tensor-parallel degrees of the stage (Aceso); when some op's
+            degree differs from `tp`, the stage is costed by `op_parallel.op_parallel_costs`
+            (needs sp off and ep = 1), else exactly as without it.
     """
+    if op_degrees is not None and not op_degrees.uniform(tp):
+        if sp or ep > 1:
+            raise ValueError("per-op tensor-parallel degrees need sp=False and ep=1")
+        return op_parallel_costs(layers, tp=tp, degrees=op_degrees, recompute=recompute,
+                                 cost_model=cost_model, gpu=gpu, freq_mhz=freq_mhz,
+                                 dtype=dtype)
     total = _LayerSum()
     names = set(recompute) if isinstance(recompute, tuple) else set()
     cache: dict[int, _LayerSum] = {}
@@ -146,7 +162,9 @@ class _LayerSum:
         for key, needs in other.comm.items():
             self.comm[key] += needs
         self.kept += other.kept
-        self.extra += other.extra
+        # Recompute runs layer by layer before each layer's backward (Megatron's
+        # checkpointed blocks), so only one layer's recomputed activations are alive at once.
+        self.extra = max(self.extra, other.extra)
         self.params += other.params
 
 

@@ -95,3 +95,76 @@ def test_aceso_logs_its_moves_and_stops_on_budget(oracle: Oracle) -> None:
     assert any(n.startswith("seed") for n in notes)
     assert any("(hop" in n for n in notes)
     assert result.search_s < 2.0 + 5.0
+
+
+def _cfg(*layers: int, gpus: int = 1) -> AcesoConfig:
+    return AcesoConfig(stages=tuple(AcesoStage(layers=n, gpus=gpus) for n in layers),
+                       micro_batch_size=4)
+
+
+def test_rebalance_splits_layers_in_proportion_to_stage_speed() -> None:
+    """Two stages of 4 layers taking 3 s and 1 s run 4/3 and 4 layers/s; 8 layers in that
+    proportion are 2 and 6 (equal times if per-layer time holds); balanced stays put."""
+    from trainsim.search.aceso import rebalance
+
+    new = rebalance(_cfg(4, 4), (3.0, 1.0))
+    assert new is not None and [s.layers for s in new.stages] == [2, 6]
+    assert rebalance(_cfg(4, 4), (1.0, 1.0)) is None
+    # Largest remainder: 3 stages of 1000 layers, speeds 1:1:2 → 750, 750, 1500.
+    deep = rebalance(_cfg(1000, 1000, 1000), (2.0, 2.0, 1.0))
+    assert deep is not None and [s.layers for s in deep.stages] == [750, 750, 1500]
+    # Every stage keeps a layer even when one is far slower.
+    tiny = rebalance(_cfg(2, 2, 2), (1000.0, 1.0, 1.0))
+    assert tiny is not None and min(s.layers for s in tiny.stages) >= 1
+    assert sum(s.layers for s in tiny.stages) == 6
+
+
+def test_balance_moves_are_sized_from_the_oracle_figures() -> None:
+    """Time-bound: k = (busy_b − busy_j) / (t_b + t_j) layers go to the neighbour (stage 0 with
+    10 layers in 10 s, stage 1 with 10 in 2 s: t = 1 and 0.2, k = 8 / 1.2 ≈ 7). Memory-bound at
+    twice the limit: ⌈10 × (1 − 1/2)⌉ = 5 layers leave."""
+    from trainsim.search.aceso import balance_moves
+
+    cfg = _cfg(10, 10)
+    names = [m.name for m in balance_moves(cfg, 0, busy_s=(10.0, 2.0), memory_ratios=(),
+                                           memory_bound=False)]
+    assert names == ["rebalance", "migrate7 s0->s1"]
+    mem = list(balance_moves(cfg, 0, busy_s=(), memory_ratios=(2.0, 0.5), memory_bound=True))
+    assert [m.name for m in mem] == ["migrate5 s0->s1"]
+    assert [s.layers for s in mem[0].config.stages] == [5, 15]
+
+
+def test_aceso_never_evaluates_a_plan_twice(oracle: Oracle) -> None:
+    """Every evaluation of a search is a distinct plan: moves back to a visited config (a
+    migration and its reverse, mbs*2 then mbs/2) are skipped, not re-run."""
+    result = run_search(AcesoPlanner(), _spec(time_budget_s=30.0, global_batch=16),
+                        oracle=oracle)
+    keys = [r.summary.plan_key for r in result.log]
+    assert len(keys) > 10 and len(set(keys)) == len(keys)
+
+
+def test_seen_finds_a_plan_given_as_fields(oracle: Oracle) -> None:
+    """`SearchState.seen` matches a dict of plan fields to the record of the same plan (keyed
+    by the checked plan's canonical JSON, defaults included)."""
+    from trainsim.search.planner import SearchState
+
+    state = SearchState(_spec(), oracle)
+    fields = {"pp": 2, "dp": 1, "tp": 1, "stage_gpus": [2, 2], "stage_layers": [6, 6],
+              "micro_batch_size": 4, "global_batch": 32}
+    assert state.seen(fields) is None
+    record = state.evaluate(fields, "x")
+    assert state.seen(dict(fields)) is record
+    assert state.seen({"pp": 5, "global_batch": 32}) is None
+
+
+def test_a_given_start_is_searched_before_the_seeds(oracle: Oracle) -> None:
+    """With a start given (bench and CLI pass grid's best), the first evaluations are moves
+    from it; the balanced seeds come only after its depth-first search ends."""
+    start = {"pp": 2, "dp": 2, "tp": 1, "micro_batch_size": 2, "global_batch": 32,
+             "recompute": "none"}
+    result = run_search(AcesoPlanner(starts=(start,)), _spec(time_budget_s=30.0),
+                        oracle=oracle)
+    notes = [r.note for r in result.log]
+    assert notes[0] == "start (given)" and "(hop 0)" in notes[1]
+    first_seed = next(i for i, n in enumerate(notes) if n.startswith("seed"))
+    assert all("(hop" in n for n in notes[1:first_seed])

@@ -51,16 +51,72 @@ def test_pick_and_outputs_not_overwritten(tmp_path) -> None:
     assert "--force" in again.output
 
 
-def test_bad_profile_exit_2_and_nothing_written(tmp_path) -> None:
-    """Negative energy: exit 2 with a one-line error naming the row; no plan written."""
+def _drop(prefix: str) -> str:
+    return "".join(line for line in CSV.splitlines(True) if not line.startswith(prefix))
+
+
+@pytest.mark.parametrize(("text", "needles"), [
+    (CSV.replace("1,backward,1000,0.006,1.4", "1,backward,1000,0.006,-1.4"),
+     ("row 13", "energy")),
+    ("".join(("2" + line[1:]) if line.startswith("1,") else line
+             for line in CSV.splitlines(True)), ("stage 1", "forward")),
+    (_drop("1,backward"), ("stage 1", "'backward'")),
+    (CSV.replace("0,forward,1410,0.002,1.0", "0,forward,1410,0.009,1.0"),
+     ("row 2", "time must fall")),
+])
+@pytest.mark.parametrize("command", [["frontier"], ["pick", "--straggler", "1.2"],
+                                     ["pick", "--straggler-table"]])
+def test_bad_profile_exit_2_and_nothing_written(tmp_path, text: str, needles: tuple[str, ...],
+                                                command: list[str]) -> None:
+    """Negative energy, a missing stage, a stage missing an instruction, non-monotone time:
+    every command exits 2 with one line naming the row (or the missing stage and
+    instruction); no plan is written."""
     path = tmp_path / "p.csv"
-    path.write_text(CSV.replace("1,backward,1000,0.006,1.4", "1,backward,1000,0.006,-1.4"))
+    path.write_text(text)
     out = tmp_path / "out"
-    res = CliRunner().invoke(app, ["frontier", "--profile", str(path), "--microbatches", "2",
+    res = CliRunner().invoke(app, [*command, "--profile", str(path), "--microbatches", "2",
                                    "--gpu", "A40", "--out", str(out)])
     assert res.exit_code == 2
-    assert "row 13" in res.output and "energy" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    for needle in needles:
+        assert needle in res.output
     assert not out.exists()
+
+
+def test_straggler_table_json_and_text(tmp_path) -> None:
+    """--straggler-table alone: one row per slowdown 1.0, 1.1, …, 1.5 with T′ = factor ×
+    T_allmax, each plan finishing by T′, saving = 1 − energy / all-max energy; the 1.0 row is
+    the intrinsic block's saving at the all-max time. The text form prints the six rows."""
+    path = _csv(tmp_path)
+    base = ["pick", "--straggler-table", "--profile", str(path), "--microbatches", "3",
+            "--blocking-power-w", "10"]
+    res = CliRunner().invoke(app, [*base, "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert "pick" not in doc
+    rows = doc["straggler_table"]
+    t_max = doc["all_max"]["time_s"]
+    assert [round(r["slowdown"], 9) for r in rows] == [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
+    for r in rows:
+        assert r["deadline_s"] == pytest.approx(r["slowdown"] * t_max)
+        assert r["time_s"] <= r["deadline_s"] + 1e-12
+        assert r["saving"] == pytest.approx(1 - r["energy_j"] / r["all_max_energy_j"])
+        assert r["saving"] >= 0
+    assert rows[0]["saving"] == pytest.approx(doc["intrinsic"]["saving_at_all_max_time"])
+    assert doc["intrinsic_saving"] == doc["intrinsic"]["saving"]
+    text = CliRunner().invoke(app, base)
+    assert text.exit_code == 0, text.output
+    assert sum(1 for line in text.output.splitlines() if line.endswith("%")) == 6
+
+
+def test_pick_without_target_is_one_error_line(tmp_path) -> None:
+    """pick with none of --straggler, --deadline-s, --straggler-table: exit 2, one line."""
+    path = _csv(tmp_path)
+    res = CliRunner().invoke(app, ["pick", "--profile", str(path), "--microbatches", "2",
+                                   "--blocking-power-w", "10"])
+    assert res.exit_code == 2
+    assert "--straggler-table" in res.output
+    assert len(res.output.strip().splitlines()) == 1
 
 
 def _csv(tmp_path):

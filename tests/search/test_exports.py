@@ -26,7 +26,8 @@ def test_aceso_config_round_trips(oracle: Oracle) -> None:
     assert config["num_ops_in_each_stage"] == [1 + 13 * 7, 13 * 9, 13 * 8 + 2]
     assert config["num_gpus"] == [1, 1, 2]
     assert config["model_parallel_size_of_each_op"][2][0] == 2
-    assert config["resharding_stages"] == [False, False, True]
+    # Aceso's resharding_stages marks stages whose ops differ in tp/dp: none here
+    assert config["resharding_stages"] == [False, False, False]
     back = ParallelPlan.build(oracle.model, oracle.cluster, **from_aceso_config(config,
                                                                                 oracle.model))
     assert back == plan
@@ -66,3 +67,45 @@ def test_trainsim_json_round_trips(oracle: Oracle) -> None:
                               micro_batch_size=2, global_batch=8,
                               stage_recompute=("full", ("attn.score",)))
     assert ParallelPlan.from_json(plan.to_json()) == plan
+
+
+def test_per_op_degrees_export_per_op_and_round_trip(oracle: Oracle) -> None:
+    """Stage 1 (2 GPUs, tp 1) runs its 8 blocks' MLP GEMMs and GeLU at tp 2: those 3·8 ops
+    export tp 2 / dp 1, the other ops tp 1 / dp 2; the stage is marked for resharding; the
+    config reads back to the same plan, and Megatron flags are refused."""
+    plan = ParallelPlan.build(oracle.model, oracle.cluster, pp=2, stage_gpus=(2, 2),
+                              stage_tp=(1, 1), stage_layers=(12, 12), micro_batch_size=2,
+                              global_batch=8, stage_recompute=("none", "selective"),
+                              stage_op_tp=({}, {"mlp.fc1": 2, "mlp.gelu": 2, "mlp.fc2": 2}))
+    config = to_aceso_config(plan, oracle.model)
+    tps, dps = config["model_parallel_size_of_each_op"], config["data_parallel_size_of_each_op"]
+    names = config["op_names"][1]
+    mlp = {"enc-MLP-GEMM-1", "enc-MLP-gelu", "enc-MLP-GEMM-2"}
+    assert sum(n in mlp for n in names) == 3 * 12
+    assert all((t, d) == ((2, 1) if n in mlp else (1, 2)) for n, t, d in
+               zip(names, tps[1], dps[1]))
+    assert set(tps[0]) == {1} and config["resharding_stages"] == [False, True]
+    back = ParallelPlan.build(oracle.model, oracle.cluster,
+                              **from_aceso_config(config, oracle.model))
+    assert back == plan
+    config.pop("trainsim_stage_tp")  # Aceso's own configs: the first op's degree is the stage's
+    assert from_aceso_config(config, oracle.model)["stage_tp"] == [1, 1]
+    with pytest.raises(SpecError, match="per-op degrees on stages \\[1\\]"):
+        to_megatron_flags(plan, oracle.model)
+
+
+def test_conflicting_per_op_degrees_are_refused(oracle: Oracle) -> None:
+    """An Aceso config giving one op name two degrees in one stage (trainsim keeps one per
+    name per stage) or a tp × dp that is not the stage's GPUs is refused by name."""
+    plan = ParallelPlan.build(oracle.model, oracle.cluster, pp=2, stage_gpus=(2, 2),
+                              stage_layers=(12, 12), micro_batch_size=2, global_batch=8)
+    config = to_aceso_config(plan, oracle.model)
+    names = config["op_names"][1]
+    first = names.index("enc-MLP-GEMM-1")
+    config["model_parallel_size_of_each_op"][1][first] = 2
+    config["data_parallel_size_of_each_op"][1][first] = 1
+    with pytest.raises(SpecError, match="gives op 'mlp.fc1' degrees 2 and 1"):
+        from_aceso_config(config, oracle.model)
+    config["data_parallel_size_of_each_op"][1][first] = 2
+    with pytest.raises(SpecError, match=r"tp 2 × dp 2 != num_gpus\[1\]=2"):
+        from_aceso_config(config, oracle.model)

@@ -16,7 +16,7 @@ from trainsim.simulator.collectives import (
     ring_all_reduce_time_s,
 )
 from trainsim.simulator.engine_simpy import run_simpy
-from trainsim.workloads.lowering import LoweringOptions, lower
+from trainsim.workloads.lowering import LoweringOptions, lower, stage_layout
 from trainsim.workloads.model import build_graph
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.zoo import get_model
@@ -268,13 +268,51 @@ def test_invalid_plans_on_real_models_and_clusters(model, cluster, plan, message
         ParallelPlan.build(get_model(model), parse_cluster(cluster), **plan)
 
 
-def test_per_op_tp_is_refused_not_ignored() -> None:
-    """A plan with per-op tp degrees is rejected by lowering with a clear message instead of
-    being simulated at the stage-wide degree."""
-    model, cluster = get_model("gpt3-125m"), parse_cluster("2xA100-SXM4-80GB")
-    plan = ParallelPlan.build(model, cluster, tp=2, op_tp={"attn.qkv": 1})
-    with pytest.raises(PlanError, match=r"per-op tensor-parallel degrees are not simulated"):
-        lower(model, cluster, plan)
+def _op_tp_lowered(fold: bool):
+    """gpt3-125m on one 4-GPU node, tp=4, with the MLP GEMMs at degree 2 (Aceso per-op tp)."""
+    opts = LoweringOptions(fold=fold, dp_bucket_bytes=ONE_BUCKET, collective_algorithm="ring")
+    return _lower("gpt3-125m", "4xA100-SXM4-80GB", opts, tp=4, micro_batch_size=2,
+                  num_micro_batches=2, seq_len=128, op_tp={"mlp.fc1": 2, "mlp.fc2": 2})
+
+
+def test_per_op_tp_collectives_run_over_their_own_groups() -> None:
+    """With the MLP GEMMs at degree 2 on a tp=4 stage, unfolded, tensor-parallel collectives
+    run over the stage's 4 GPUs and over its groups of 2 consecutive GPUs (0,1) and (2,3):
+    each collective spans exactly the group its op's degree says (CommNeed.group_size)."""
+    *_, program, _result = _op_tp_lowered(fold=False)
+    groups = {t.ranks for t in program.tasks if t.stream == "tp"}
+    assert groups == {(0, 1, 2, 3), (0, 1), (2, 3)}
+
+
+def test_per_op_tp_gradients_reduce_over_each_degrees_replicas() -> None:
+    """Ops at degree 2 of 4 GPUs have 2 replicas, ranks[k::2] = (0, 2) and (1, 3): their
+    gradients (2 bytes per parameter per GPU, `params_by_tp`) are all-reduced there, a ring of
+    2 moving 2(n-1)/n·S = S bytes; ops at the stage's degree 4 have one replica, no sync."""
+    spec, hw, program, _result = _op_tp_lowered(fold=False)
+    dp = [t for t in program.tasks if t.stream == "dp"]
+    assert {t.ranks for t in dp} == {(0, 2), (1, 3)}
+    plan = ParallelPlan.build(spec, hw, tp=4, micro_batch_size=2, num_micro_batches=2,
+                              seq_len=128, op_tp={"mlp.fc1": 2, "mlp.fc2": 2})
+    by_tp = dict(stage_layout(spec, hw, plan).costs[(0, None)].params_by_tp)
+    assert by_tp[2] > 0
+    assert {t.comm_bytes for t in dp} == {2.0 * by_tp[2]}
+
+
+def test_per_op_tp_folded_equals_unfolded_on_one_node() -> None:
+    """Folding a per-op-tp stage (one program rank, each collective's copies = all groups of
+    its size) gives the unfolded iteration time on one symmetric node."""
+    times = [_op_tp_lowered(fold)[-1].iteration_time_s for fold in (True, False)]
+    assert times[0] == pytest.approx(times[1], rel=1e-9)
+
+
+def test_op_tp_at_the_stage_degree_lowers_as_without_it() -> None:
+    """Naming ops at the stage's own degree changes nothing: the same tasks, the same time."""
+    *_, plain, r0 = _lower("gpt3-125m", "4xA100-SXM4-80GB", tp=4, num_micro_batches=2,
+                           seq_len=128)
+    *_, named, r1 = _lower("gpt3-125m", "4xA100-SXM4-80GB", tp=4, num_micro_batches=2,
+                           seq_len=128, op_tp={"mlp.fc1": 4})
+    assert named.num_tasks == plain.num_tasks
+    assert r1.iteration_time_s == r0.iteration_time_s
 
 
 @pytest.mark.parametrize("fields", [

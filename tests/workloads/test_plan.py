@@ -184,7 +184,7 @@ def test_json_round_trip(tmp_path) -> None:
     """A plan survives to_json/from_json unchanged, and save never overwrites silently."""
     plan = ParallelPlan(dp=2, tp=2, pp=2, sp=True, micro_batch_size=2, global_batch=64,
                         stage_layers=(10, 14), recompute=("attn.qkv",), zero=1,
-                        instruction_freq_mhz={"0F0": 1100.0}, op_tp={"mlp.fc1": 1})
+                        instruction_freq_mhz={"0F0": 1100.0}, op_tp={"mlp.fc1": 2})
     again = ParallelPlan.from_json(plan.to_json())
     assert again == plan
     assert json.loads(plan.to_json()) == json.loads(again.to_json())
