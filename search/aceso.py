@@ -26,8 +26,8 @@ on the same Oracle and the ranking keeps the best plan seen.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainsim.search.aceso_moves import (
@@ -40,6 +40,7 @@ from trainsim.search.aceso_moves import (
     migrate,
     moves,
     op_groups,
+    set_micro_batch,
 )
 from trainsim.search.planner import SearchRecord, SearchState, memory_ratio
 
@@ -98,8 +99,8 @@ class AcesoPlanner:
     def seed_configs(self, ctx: dict[str, Any]) -> list[AcesoConfig]:
         """Balanced starts: for each pipeline depth, equal GPUs and layers per stage, tp = 1,
         two samples per data-parallel replica (one when the batch does not allow it), and the
-        top of the recompute ladder (fits first; the search then switches recompute off where
-        memory allows, and halves or doubles the micro-batch)."""
+        top of the recompute ladder. `steps` then sizes each seed's micro-batch
+        (`_probe_seed`), so a depth starts from its best Megatron-like uniform plan."""
         n, layers = ctx["num_gpus"], ctx["num_layers"]
         depths = self.seeds or [p for p in (2**k for k in range(12))
                                 if p <= min(n, layers) and n % p == 0]
@@ -148,12 +149,10 @@ class AcesoPlanner:
 
         def run_seeds() -> Iterator[SearchRecord]:
             while seeds and not state.out_of_time():
-                cfg = seeds.pop(0)
-                if cfg not in visited:
-                    rec = run(cfg, f"seed pp={len(cfg.stages)} rc={cfg.stages[0].recompute}")
-                    yield rec
-                    starts.append(rec)
-                    pending.append(rec)
+                best = yield from self._probe_seed(state, ctx, seeds.pop(0), run, visited)
+                if best is not None:
+                    starts.append(best)
+                    pending.append(best)
 
         # A given start (grid's best) is searched from first; the balanced seeds are only
         # evaluated once its DFS ends, so a tight budget goes to moves from the best plan.
@@ -185,6 +184,75 @@ class AcesoPlanner:
                            and r.summary.plan_key in configs and r.summary.error is None),
                           key=lambda r: state.key(r.summary))
             pending = near[:1] + [p for p in pending if p.summary.plan_key not in used]
+
+    def _probe_seed(self, state: SearchState, ctx: dict[str, Any], cfg: AcesoConfig,
+                    run: Any, visited: set[AcesoConfig]
+                    ) -> Generator[SearchRecord, None, SearchRecord | None]:
+        """The balanced seed `cfg` at its best micro-batch, at both ends of the recompute
+        ladder (full and none): Megatron's uniform plan at that depth as a user would tune it.
+
+        Full recompute starts from the seed's micro-batch: while the plan fits, double it
+        (larger kernels, fewer micro-batches; stop at the first plan over memory or after two
+        doublings that do not improve); when the seed itself is over memory, halve it while
+        the data-parallel degree still divides it. No recompute is probed only where full
+        fitted, doubling up from one sample per replica. Returns the best record of all probes (the one closest to
+        fitting when none fits), which the search then starts from. Without this, a deep
+        model's seed kept two samples per replica and the search spent its budget doubling
+        the micro-batch one depth at a time (1024 layers: ended at 0.98x grid's best)."""
+        ladder = ctx["ladder"]
+        best: SearchRecord | None = None
+        batch = ctx["global_batch"]
+
+        def better(rec: SearchRecord | None) -> None:
+            nonlocal best
+            if rec is not None and rec.summary.error is None and (
+                    best is None or state.key(rec.summary) < state.key(best.summary)):
+                best = rec
+
+        def probe(c: AcesoConfig) -> Generator[SearchRecord, None, SearchRecord | None]:
+            if c in visited:
+                return state.seen(c.to_fields(batch))
+            rec = run(c, f"seed pp={len(c.stages)} mbs={c.micro_batch_size} "
+                         f"rc={c.stages[0].recompute}")
+            yield rec
+            return rec
+
+        for rung in dict.fromkeys((ladder[-1], ladder[0])):
+            cur = replace(cfg, stages=tuple(replace(s, recompute=rung) for s in cfg.stages))
+            if rung != ladder[-1]:
+                # No recompute needs more memory than full at every micro-batch: probe it only
+                # where full fitted, from one sample per replica up.
+                if best is None or not best.fits:
+                    break
+                cur = replace(cur, micro_batch_size=cur.stages[0].dp)
+            if state.out_of_time() or not check_config(cur, **ctx):
+                continue
+            rec = yield from probe(cur)
+            better(rec)
+            if rec is None:
+                continue
+            step = 2.0 if rec.fits else 0.5
+            top, worse = rec, 0
+            while worse < 2 and not state.out_of_time():
+                nxt = set_micro_batch(cur, step)
+                if nxt is None or not check_config(nxt, **ctx):
+                    break
+                cur = nxt
+                rec = yield from probe(cur)
+                if rec is None:
+                    break
+                better(rec)
+                if step < 1:  # halving: stop at the first plan that fits
+                    if rec.fits:
+                        break
+                    continue
+                if not rec.fits:  # doubling: stop at the first plan over memory
+                    break
+                if state.key(rec.summary) < state.key(top.summary):
+                    top, worse = rec, 0
+                else:
+                    worse += 1
+        return best
 
     def _dfs(self, state: SearchState, ctx: dict[str, Any], configs: dict[str, AcesoConfig],
              visited: set[AcesoConfig], node: SearchRecord, target: tuple[int, float],

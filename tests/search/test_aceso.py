@@ -168,3 +168,53 @@ def test_a_given_start_is_searched_before_the_seeds(oracle: Oracle) -> None:
     assert notes[0] == "start (given)" and "(hop 0)" in notes[1]
     first_seed = next(i for i, n in enumerate(notes) if n.startswith("seed"))
     assert all("(hop" in n for n in notes[1:first_seed])
+
+
+@pytest.mark.parametrize("limit_bytes", [6e9, 3e9])
+def test_seeds_reach_the_best_uniform_plan_of_each_depth(oracle: Oracle,
+                                                         limit_bytes: float) -> None:
+    """From its own seeds only (no grid start), aceso's seed of each pipeline depth is as fast
+    as the best fitting uniform tp = 1 grid plan of that depth (Megatron's plan with the best
+    micro-batch and recompute none/full, found by brute force over grid's points), and the
+    search ends at least there: a deep model's search no longer starts from a micro-batch
+    of two samples per replica. With a 3 GB limit full recompute is needed at some depths."""
+    spec = _spec(time_budget_s=60.0, memory_limit_bytes=limit_bytes)
+    grid = run_search(GridPlanner(), spec, oracle=oracle)
+    aceso = run_search(AcesoPlanner(max_restarts=0, max_hops=0), spec, oracle=oracle)
+
+    def best_by_depth(records, prefix: str) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for r in records:
+            if r.fits and r.note.startswith(prefix) and (prefix == "seed" or " tp=1 " in r.note):
+                pp = int(r.note.split("pp=")[1].split()[0])
+                out[pp] = max(out.get(pp, 0.0), r.summary.samples_per_s)
+        return out
+
+    uniform = best_by_depth(grid.log, "grid")
+    seeds = best_by_depth(aceso.log, "seed")
+    assert uniform and set(uniform) <= set(seeds)
+    for pp, samples_per_s in uniform.items():
+        assert seeds[pp] >= samples_per_s * (1 - 1e-9), pp
+    assert aceso.best is not None
+    assert aceso.best.summary.samples_per_s >= max(uniform.values()) * (1 - 1e-9)
+
+
+def test_seed_probe_sizes_the_micro_batch_by_memory(oracle: Oracle) -> None:
+    """At one depth (pp = 1, dp = 4: two samples per replica is micro-batch 8), the
+    full-recompute probe doubles the micro-batch while plans fit and stops at the first one
+    over the limit (6 GB); when the seed itself is over (3 GB) it halves to one sample per
+    replica instead. The no-recompute probe starts at one sample per replica."""
+    def probes(limit_bytes: float) -> list[tuple[int, str, bool]]:
+        result = run_search(AcesoPlanner(seeds=(1,), max_restarts=0, max_hops=0),
+                            _spec(time_budget_s=60.0, memory_limit_bytes=limit_bytes),
+                            oracle=oracle)
+        return [(int(r.note.split("mbs=")[1].split()[0]), r.note.split("rc=")[1], r.fits)
+                for r in result.log if r.note.startswith("seed")]
+
+    roomy = probes(6e9)
+    full = [(m, ok) for m, rc, ok in roomy if rc == "full"]
+    assert [m for m, _ in full] == [8 * 2**k for k in range(len(full))] and len(full) >= 2
+    assert all(ok for _, ok in full[:-1]) and not full[-1][1]
+    assert [m for m, rc, _ in roomy if rc == "none"][:1] == [4]
+    tight = [(m, ok) for m, rc, ok in probes(3e9) if rc == "full"]
+    assert tight == [(8, False), (4, True)]
