@@ -154,13 +154,14 @@ class AcesoPlanner:
                     starts.append(best)
                     pending.append(best)
 
-        # A given start (grid's best) is searched from first; the balanced seeds are only
-        # evaluated once its DFS ends, so a tight budget goes to moves from the best plan.
+        # Given starts (grid's best) are evaluated first, so the search never reports less than
+        # them; then the balanced seeds are probed, and the hill climb begins at the best of
+        # all. Searching a given start's neighbourhood first spent a 5 s budget on +5% around
+        # grid's uniform tp=2 plan for T5 770M while a seed's neighbourhood held +29%.
         used: set[str] = set()
-        pending = sorted(starts, key=lambda r: state.key(r.summary))
-        if not pending:
-            yield from run_seeds()
-            pending.sort(key=lambda r: state.key(r.summary))
+        pending = list(starts)
+        yield from run_seeds()
+        pending.sort(key=lambda r: state.key(r.summary))
         restarts = 0
         while pending and not state.out_of_time():
             start = pending.pop(0)

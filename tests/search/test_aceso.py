@@ -157,17 +157,23 @@ def test_seen_finds_a_plan_given_as_fields(oracle: Oracle) -> None:
     assert state.seen({"pp": 5, "global_batch": 32}) is None
 
 
-def test_a_given_start_is_searched_before_the_seeds(oracle: Oracle) -> None:
-    """With a start given (bench and CLI pass grid's best), the first evaluations are moves
-    from it; the balanced seeds come only after its depth-first search ends."""
+def test_a_given_start_is_evaluated_first_and_the_climb_starts_at_the_best(oracle: Oracle
+                                                                          ) -> None:
+    """With a start given (bench and CLI pass grid's best), it is the first evaluation (so the
+    search never reports less than it), the balanced seeds follow, and the first hop leaves
+    from the best plan among the start and the seeds."""
     start = {"pp": 2, "dp": 2, "tp": 1, "micro_batch_size": 2, "global_batch": 32,
              "recompute": "none"}
     result = run_search(AcesoPlanner(starts=(start,)), _spec(time_budget_s=30.0),
                         oracle=oracle)
-    notes = [r.note for r in result.log]
-    assert notes[0] == "start (given)" and "(hop 0)" in notes[1]
-    first_seed = next(i for i, n in enumerate(notes) if n.startswith("seed"))
-    assert all("(hop" in n for n in notes[1:first_seed])
+    log = result.log
+    assert log[0].note == "start (given)"
+    first_hop = next(i for i, r in enumerate(log) if "(hop" in r.note)
+    assert all(r.note.startswith("seed") for r in log[1:first_hop])
+    starts = [r for r in log[:first_hop] if r.fits]
+    best = max(starts, key=lambda r: r.summary.samples_per_s)
+    assert result.best.summary.samples_per_s >= best.summary.samples_per_s
+    assert result.best.summary.samples_per_s >= log[0].summary.samples_per_s
 
 
 @pytest.mark.parametrize("limit_bytes", [6e9, 3e9])
