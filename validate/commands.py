@@ -17,9 +17,11 @@ import typer
 
 
 def profile_command(
-    device: str = typer.Option("cpu", "--device", help="cpu (cuda needs a GPU machine)."),
+    device: str = typer.Option("cpu", "--device", help="cpu (gloo) or cuda (NCCL, one GPU "
+                               "per process)."),
     out: Path = typer.Option(Path("profile.csv"), "--out", "-o", help="Profile database (CSV)."),
-    model: str = typer.Option("tiny-gpt", "--model", "-m", help="Model whose op shapes to time."),
+    model: str = typer.Option("tiny-gpt", "--model", "-m", help="Model(s) whose op shapes to "
+                              "time, comma-separated (tiny-gpt,tiny-t5)."),
     micro_batch: int = typer.Option(2, "--micro-batch", help="Micro-batch size of the shapes."),
     processes: int = typer.Option(2, "--processes", help="Worker processes (and collective "
                                   "group size)."),
@@ -28,21 +30,26 @@ def profile_command(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing database."),
 ) -> None:
     """Time the zoo's op kinds and the collectives on this machine into a profile database."""
+    from trainsim.validate.devices import backend_for
     from trainsim.validate.profiler import run_profile
 
+    backend_for(device)
     if out.exists() and not force:
         from trainsim.errors import DataFileError
         raise DataFileError(f"{out} exists; pass --force to overwrite it")
     db = run_profile(model, micro_batch_size=micro_batch, processes=processes, warmup=warmup,
                      repeats=repeats, device=device)
     db.save(out, force=force)
+    where = db.meta.get("gpu_name") or db.meta.get("cpu_model")
     typer.echo(f"wrote {out}: {len(db.rows)} measurements ({len(db.collectives())} "
-               f"collectives) on {db.meta.get('cpu_model')}")
+               f"collectives) on {where}")
 
 
 def trace_command(
     model: str = typer.Option("tiny-gpt", "--model", "-m", help="Validation or zoo model."),
     plan: str = typer.Option("dp2", "--plan", "-p", help="dp2, pp2, tp2 or dp=N,tp=N,pp=N."),
+    device: str = typer.Option("cpu", "--device", help="cpu (gloo) or cuda (NCCL, one GPU "
+                               "per process)."),
     micro_batch: int = typer.Option(2, "--micro-batch", help="Micro-batch size."),
     micro_batches: int | None = typer.Option(None, "--micro-batches",
                                              help="Micro-batches per iteration (2·pp)."),
@@ -55,8 +62,10 @@ def trace_command(
 ) -> None:
     """Run real training iterations with a parallel plan and record a trace."""
     from trainsim.errors import TraceError
+    from trainsim.validate.devices import backend_for
     from trainsim.validate.trace_record import import_kineto, parse_plan, record_trace
 
+    backend_for(device)
     if out.exists() and not force:
         raise TraceError(f"{out} exists; pass --force to overwrite it")
     fields = parse_plan(plan, micro_batch_size=micro_batch, num_micro_batches=micro_batches)
@@ -65,7 +74,7 @@ def trace_command(
     else:
         command = "sim trace " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
         trace = record_trace(model, fields, iterations=iterations, warmup=warmup,
-                             command=command)
+                             command=command, device=device)
     trace.save(out, force=force)
     typer.echo(f"wrote {out}: median iteration {1e3 * trace.iteration_time_s:.2f} ms over "
                f"{len(trace.iteration_times_s)} iteration(s)")

@@ -18,6 +18,15 @@ sets the prediction beside the measurement:
   predicted and error are None ("n/a"), never a fake −100 %;
 * peak memory — measured: see trace_record.py; predicted: the engine's peak per rank.
 
+Op times are scaled by the machine's speed at the trace relative to the profile: the trace's
+reference-GEMM time over the profile's (both in their metadata, validate/profiler.py; 1 when
+either lacks it).
+
+With a profile that has solo timings (``solo_s``) and more than one process, the prediction
+is the shared-CPU blend of validate/contention.py: each compute task between its solo and
+all-at-once time by how much of it overlaps other processes' compute; the per-kind predictions
+of a stage are blended with that stage's mean overlap.
+
 Errors are signed and relative: (predicted − measured) / measured.
 """
 
@@ -67,6 +76,10 @@ class Comparison:
     peak_memory_predicted_bytes: float
     cost_sources: dict[str, int] = field(hash=False)
     """How the cost model answered (exact / interpolated / roofline)."""
+    speed_factor: float = 1.0
+    """Trace's reference-GEMM time / profile's: the factor applied to the profiled op times."""
+    overlap: tuple[float, ...] | None = None
+    """Per stage, the shared-CPU blend's mean overlap (None: profile without solo timings)."""
     result: Any = field(default=None, repr=False, compare=False)
     """The SimResult (for the overlay plot)."""
 
@@ -92,7 +105,8 @@ class Comparison:
                 "peak_memory_predicted_bytes": self.peak_memory_predicted_bytes,
                 "peak_memory_error": self.peak_memory_error,
                 "stages": list(self.stages), "op_kinds": list(self.kinds),
-                "cost_sources": dict(self.cost_sources)}
+                "cost_sources": dict(self.cost_sources), "speed_factor": self.speed_factor,
+                "overlap": None if self.overlap is None else list(self.overlap)}
 
 
 def _stage_layers(graph: Any, pp: int, counts: list[int]) -> list[list[Any]]:
@@ -128,6 +142,29 @@ def predicted_kind_s(cost: Any, layers: list[Any], tp: int, m: int, params: floa
     return out
 
 
+def speed_factor(trace: MeasuredTrace, db: ProfileDB) -> float:
+    """Trace's reference-GEMM seconds over the profile's (1 when either lacks the figure or
+    they timed different GEMMs).
+
+    Raises:
+        TraceError: the trace's ``machine.reference_gemm_s`` is not a positive number.
+    """
+    import math
+
+    measured = trace.machine.get("reference_gemm_s")
+    profiled = db.meta.get("reference_gemm_s")
+    if measured is None or profiled is None:
+        return 1.0
+    if isinstance(measured, bool) or not isinstance(measured, (int, float)) \
+            or not math.isfinite(measured) or measured <= 0:
+        raise TraceError(f"trace: machine.reference_gemm_s={measured!r} must be a number > 0")
+    if trace.machine.get("reference_gemm") != db.meta.get("reference_gemm"):
+        return 1.0
+    if isinstance(profiled, bool) or not isinstance(profiled, (int, float)) or profiled <= 0:
+        return 1.0
+    return float(measured) / float(profiled)
+
+
 def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Comparison:
     """Simulate `trace`'s plan on the profile's cpu cluster and compare (module docstring).
 
@@ -157,9 +194,20 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
                                   dtype="fp32")
     except PlanError as exc:
         raise TraceError(f"trace plan: {exc}") from None
-    cost = ProfiledCostModel(db)
+    factor = speed_factor(trace, db)
+    cost = ProfiledCostModel(db, scale=factor)
     program = lower(spec, cluster, plan, LoweringOptions(cost_model=cost))
-    result = run_program(program, engine=engine)
+    solo_cost = None
+    overlap: tuple[float, ...] | None = None
+    if db.has_solo() and world > 1:
+        from trainsim.validate.contention import blend
+
+        solo_cost = ProfiledCostModel(db, solo=True, scale=factor)
+        solo_program = lower(spec, cluster, plan, LoweringOptions(cost_model=solo_cost))
+        mixed = blend(program, solo_program, engine=engine)
+        result, overlap = mixed.result, mixed.overlap
+    else:
+        result = run_program(program, engine=engine)
     tasks = result.tasks
     graph = build_graph(spec, p["micro_batch_size"])
     counts = list(plan.layers_per_stage(len(graph.transformer_layers())))
@@ -174,9 +222,12 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         stages.append({"stage": s, "busy_measured_s": busy_meas, "busy_predicted_s": busy_pred,
                        "busy_error": rel_error(busy_pred, busy_meas)})
         params = float(program.static_memory_bytes[s]) / 16.0  # fp32 Adam: 4+4+8 B/param
-        for k, v in predicted_kind_s(cost, layers[s], p["tp"], p["num_micro_batches"],
-                                     params).items():
-            kinds_pred[k] = kinds_pred.get(k, 0.0) + v
+        pair = predicted_kind_s(cost, layers[s], p["tp"], p["num_micro_batches"], params)
+        alone = pair if solo_cost is None or overlap is None else predicted_kind_s(
+            solo_cost, layers[s], p["tp"], p["num_micro_batches"], params)
+        phi = 1.0 if overlap is None else overlap[s]
+        for k, v in pair.items():
+            kinds_pred[k] = kinds_pred.get(k, 0.0) + alone[k] + phi * (v - alone[k])
         comm = tasks[(tasks["rank"] == s) & tasks["kind"].isin(COMM_TASK_KINDS)]
         kinds_pred["comm"] = kinds_pred.get("comm", 0.0) + float(comm["duration_s"].sum())
         for k, v in (first[0].get("kind_s", {}) if first else {}).items():
@@ -194,7 +245,7 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         iteration_time_spread_s=q[2] - q[0], stages=tuple(stages), kinds=tuple(kinds),
         peak_memory_measured_bytes=trace.peak_memory_bytes,
         peak_memory_predicted_bytes=float(result.peak_memory_bytes),
-        cost_sources=dict(cost.sources), result=result)
+        cost_sources=dict(cost.sources), speed_factor=factor, overlap=overlap, result=result)
 
 
 def format_report(c: Comparison) -> str:
@@ -222,4 +273,10 @@ def format_report(c: Comparison) -> str:
                      f"{pct(k['error']):>9}")
     src = ", ".join(f"{k} {v}" for k, v in sorted(c.cost_sources.items()))
     lines.append(f"cost model estimates: {src}")
+    if c.speed_factor != 1.0:
+        lines.append(f"machine speed: profiled op times x {c.speed_factor:.3f} (reference GEMM, "
+                     f"trace vs profile)")
+    if c.overlap is not None:
+        lines.append("shared-CPU blend: compute alongside another process "
+                     + ", ".join(f"stage {s} {100 * f:.0f}%" for s, f in enumerate(c.overlap)))
     return "\n".join(lines)

@@ -7,7 +7,8 @@ So that the local machine can be simulated like any GPU (DESIGN.md §5), a profi
   bytes/s, one "SM" at the machine's clock; power figures are placeholders from
   data/cpu_hardware.json (energy is not measured on CPU);
 * the loopback link's α (per-step latency) and β (bandwidth), fitted to the measured
-  collectives by least squares on relative error, with the simulator's own step/volume
+  all-reduces as training issues them (after an op; `fit_alpha_beta`), by least squares on
+  relative error, with the simulator's own step/volume
   counts (Thakur et al. 2005 via simulator/collectives.py): ring all-reduce of S over n ranks
   takes 2(n−1)·α + 2(n−1)/n·S/β, all-gather / reduce-scatter (n−1)·α + (n−1)/n·S/β, p2p α + S/β;
 * `cpu_cluster(db, n)`: a real `Cluster` of n such processes on one node whose paths are
@@ -67,7 +68,7 @@ class CpuFigures:
 
 def collective_steps_volume(kind: str, n: int, size_bytes: float) -> tuple[int, float]:
     """(latency steps, bytes per link) of collective `kind` of S=`size_bytes` over n ranks."""
-    if kind == "all_reduce":
+    if kind in ("all_reduce", "all_reduce_after_compute"):
         return 2 * (n - 1), 2 * (n - 1) / n * size_bytes
     if kind in ("all_gather", "reduce_scatter"):
         return n - 1, (n - 1) / n * size_bytes
@@ -78,7 +79,14 @@ def collective_steps_volume(kind: str, n: int, size_bytes: float) -> tuple[int, 
 
 def fit_alpha_beta(db: ProfileDB) -> tuple[float, float]:
     """(α seconds, β bytes/s) minimising Σ((steps·α + volume/β − t)/t)² over the all-reduces
-    (all collectives when the profile has no all-reduce).
+    timed as training issues them (``all_reduce_after_compute``: what an all-reduce adds to a
+    loop of GEMM + all-reduce, validate/profiler.py), else over the back-to-back all-reduces,
+    else over all collectives.
+
+    Why after compute: in a training step every data- and tensor-parallel all-reduce follows
+    an op; a process that arrives first sleeps in gloo and must be woken, which back-to-back
+    all-reduces (both processes spinning through the loop) never pay. On the CI machine kind
+    that doubles a 256 KiB all-reduce (traces/README.md).
 
     Raises:
         DataFileError: the profile has no collective measurements.
@@ -87,7 +95,8 @@ def fit_alpha_beta(db: ProfileDB) -> tuple[float, float]:
     # gloo's all-reduce has ~4x the per-message latency of a send/recv on loopback; the
     # all-reduces (data- and tensor-parallel) carry most of the small plans' traffic, so they
     # alone set α and β when measured.
-    rows = [r for r in rows if r.kind == "all_reduce"] or rows
+    rows = [r for r in rows if r.kind == "all_reduce_after_compute"] \
+        or [r for r in rows if r.kind == "all_reduce"] or rows
     if not rows:
         raise DataFileError("profile has no collective measurements (run sim profile with "
                             "2 processes)")

@@ -6,7 +6,8 @@ threads and processes used, date); then one row per measurement:
 
 ========== =========================================================================
 kind       zoo op kind (``matmul``, ``softmax``, ...), ``optimizer`` (Adam step), or a
-           collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``p2p``)
+           collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``p2p``,
+           ``all_reduce_after_compute``)
 shape      the zoo op's shape joined by ``x`` (``512x768x256``); params for ``optimizer``;
            empty for collectives
 pass       ``fwd``, ``bwd`` (the whole backward of the op), ``step`` or ``comm``
@@ -14,8 +15,11 @@ group_size processes in the collective (1 for ops)
 size_bytes collective payload S as the simulator's formulas take it (0 for ops)
 flops      the zoo's FLOPs of that pass at that shape (workloads/ops.py)
 bytes_moved the zoo's bytes of that pass
-time_s     median over the repeats; p25_s / p75_s the quartiles
+time_s     median over the repeats, every process timing at once; p25_s / p75_s the quartiles
 repeats    timed repeats (after warm-up)
+solo_s     median per-call time of the same op with the other processes idle (waiting in a
+           barrier); 0 when not measured (collectives; profiles of one process; files
+           written before the column existed, which load with 0)
 ========== =========================================================================
 """
 
@@ -31,9 +35,13 @@ from trainsim.errors import DataFileError
 
 HEADER = "# trainsim-profile v1 "
 COLUMNS = ("kind", "shape", "pass", "group_size", "size_bytes", "flops", "bytes_moved", "time_s",
-           "p25_s", "p75_s", "repeats")
+           "p25_s", "p75_s", "repeats", "solo_s")
+OPTIONAL_COLUMNS = {"solo_s": 0.0}
+"""Columns a file may lack (older profiles), with the value they read as."""
 PASSES = ("fwd", "bwd", "step", "comm")
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p", "all_reduce_after_compute")
+"""Collective kinds of ``comm`` rows (the last: an all-reduce timed after a GEMM on every
+process, what it adds to a training loop; validate/profiler.py)."""
 
 
 def shape_key(shape: tuple[int, ...] | None) -> str:
@@ -62,6 +70,8 @@ class ProfileRow:
     p25_s: float = 0.0
     p75_s: float = 0.0
     repeats: int = 1
+    solo_s: float = 0.0
+    """Median per-call time with the other processes idle; 0 when not measured."""
 
     def __post_init__(self) -> None:
         if self.pass_ not in PASSES:
@@ -70,6 +80,9 @@ class ProfileRow:
         if not self.time_s > 0:
             raise DataFileError(f"profile row {self.kind} {shape_key(self.shape)}: "
                                 f"time_s={self.time_s!r} must be > 0")
+        if not self.solo_s >= 0:
+            raise DataFileError(f"profile row {self.kind} {shape_key(self.shape)}: "
+                                f"solo_s={self.solo_s!r} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,6 +101,10 @@ class ProfileDB:
         """Collective rows."""
         return [r for r in self.rows if r.pass_ == "comm"]
 
+    def has_solo(self) -> bool:
+        """Whether op rows carry solo timings (a profile of 2+ processes since solo_s)."""
+        return any(r.solo_s > 0 for r in self.rows if r.pass_ != "comm")
+
     def kinds(self) -> list[str]:
         """Op kinds with measurements, sorted."""
         return sorted({r.kind for r in self.rows if r.pass_ != "comm"})
@@ -99,7 +116,7 @@ class ProfileDB:
         data = [{"kind": r.kind, "shape": shape_key(r.shape), "pass": r.pass_,
                  "group_size": r.group_size, "size_bytes": r.size_bytes, "flops": r.flops,
                  "bytes_moved": r.bytes_moved, "time_s": r.time_s, "p25_s": r.p25_s,
-                 "p75_s": r.p75_s, "repeats": r.repeats} for r in self.rows]
+                 "p75_s": r.p75_s, "repeats": r.repeats, "solo_s": r.solo_s} for r in self.rows]
         return pd.DataFrame(data, columns=list(COLUMNS))
 
     def to_csv(self) -> str:
@@ -138,6 +155,9 @@ class ProfileDB:
             frame = pd.read_csv(io.StringIO(body), dtype={"shape": str}, keep_default_na=False)
         except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
             raise DataFileError(f"{where}: bad CSV ({str(exc).strip()})") from None
+        for column, value in OPTIONAL_COLUMNS.items():
+            if column not in frame.columns:
+                frame[column] = value
         missing = [c for c in COLUMNS if c not in frame.columns]
         if missing:
             raise DataFileError(f"{where}: missing column(s) {', '.join(missing)}")
@@ -150,7 +170,7 @@ class ProfileDB:
                     size_bytes=float(rec["size_bytes"]), flops=float(rec["flops"]),
                     bytes_moved=float(rec["bytes_moved"]), time_s=float(rec["time_s"]),
                     p25_s=float(rec["p25_s"]), p75_s=float(rec["p75_s"]),
-                    repeats=int(rec["repeats"])))
+                    repeats=int(rec["repeats"]), solo_s=float(rec["solo_s"])))
             except (TypeError, ValueError) as exc:
                 raise DataFileError(f"{where}: row {i + 1}: {exc}") from None
         return cls(meta=meta, rows=tuple(rows))

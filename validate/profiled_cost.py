@@ -19,6 +19,15 @@ takes it as `LoweringOptions(cost_model=...)`. For an op (kind, FLOPs, bytes, sh
 5. **Fallback.** A kind the profile lacks gets a roofline on the figures the profile implies
    (validate/cpu_hardware.py): max(FLOPs/peak, bytes/bandwidth) + the per-op overhead.
 
+6. **Solo timings.** ``ProfiledCostModel(db, solo=True)`` answers with each row's ``solo_s``
+   (the op timed while the other processes were idle) where the profile has it, else
+   ``time_s``: validate/contention.py blends the two by how much of a task overlaps other
+   processes' compute.
+
+7. **Machine speed.** ``scale`` multiplies every op time: `sim validate` passes the trace's
+   reference-GEMM time over the profile's (validate/profiler.py), so a profile recorded while
+   the machine ran at another speed is brought to the trace's.
+
 `sources` counts how each estimate was made (``exact``, ``interpolated``, ``roofline``).
 """
 
@@ -67,9 +76,13 @@ class _Curve:
 class ProfiledCostModel:
     """Measured op times from a `ProfileDB` (module docstring)."""
 
-    def __init__(self, db: ProfileDB) -> None:
-        """Index the database by (kind, shape, pass) and build per-kind curves."""
+    def __init__(self, db: ProfileDB, *, solo: bool = False, scale: float = 1.0) -> None:
+        """Index the database by (kind, shape, pass) and build per-kind curves; `solo` reads
+        the rows' solo timings where measured (module docstring, 6); `scale` multiplies every
+        answer (7)."""
         self.db = db
+        self.solo = solo
+        self.scale = float(scale)
         self.figures = derive_figures(db)
         self._exact: dict[tuple[str, tuple[int, ...], str], list[ProfileRow]] = {}
         self._curves: dict[tuple[str, str], _Curve] = {}
@@ -81,13 +94,17 @@ class ProfiledCostModel:
             self._exact.setdefault((r.kind, r.shape, r.pass_), []).append(r)
             groups.setdefault((r.kind, r.pass_), []).append(r)
         for key, rows in groups.items():
-            work = [(self._work(r), r.time_s) for r in rows]
+            work = [(self._work(r), self._t(r)) for r in rows]
             self._curves[key] = _Curve(work)
             per = [r.flops / math.prod(r.shape) for r in rows if r.shape and r.flops > 0]
             if per:
                 self._fpe[key] = float(np.median(per))
         self.sources: Counter[str] = Counter()
         """How many estimates were exact, interpolated or roofline."""
+
+    def _t(self, r: ProfileRow) -> float:
+        """The row's time: solo where asked for and measured, else all processes at once."""
+        return r.solo_s if self.solo and r.solo_s > 0 else r.time_s
 
     @staticmethod
     def _work(r: ProfileRow) -> float:
@@ -98,7 +115,7 @@ class ProfiledCostModel:
     def _lookup(self, kind: str, pass_: str, flops: float,
                 shape: tuple[int, ...] | None) -> float | None:
         rows = self._exact.get((kind, tuple(shape or ()), pass_), [])
-        hits = [r.time_s for r in rows if abs(r.flops - flops) <= _REL * max(flops, 1.0)]
+        hits = [self._t(r) for r in rows if abs(r.flops - flops) <= _REL * max(flops, 1.0)]
         if hits:
             self.sources["exact"] += 1
             return float(np.median(hits))
@@ -124,6 +141,10 @@ class ProfiledCostModel:
     def time_s(self, kind: str, flops: float, bytes_moved: float,
                shape: tuple[int, ...] | None = None) -> float:
         """Seconds of one op call as the lowering asks for it (module docstring)."""
+        return self.scale * self._unscaled_s(kind, flops, bytes_moved, shape)
+
+    def _unscaled_s(self, kind: str, flops: float, bytes_moved: float,
+                    shape: tuple[int, ...] | None) -> float:
         t: float | None
         if kind == "elementwise" and shape is None and ("optimizer", "step") in self._curves:
             self.sources["interpolated"] += 1
@@ -133,7 +154,7 @@ class ProfiledCostModel:
             if rows:
                 self.sources["exact"] += 1
                 self.sources["interpolated"] -= 1
-                return float(np.median([r.time_s for r in rows]))
+                return float(np.median([self._t(r) for r in rows]))
             return self._curves[("optimizer", "step")](max(params, 1.0))
         if kind in ("matmul", "batched_matmul"):
             fwd = self._lookup(kind, "fwd", flops, shape)

@@ -15,6 +15,33 @@ for memory bandwidth, caches and CPU time as a real run. Each measurement is `wa
 calls then `repeats` timed batches of back-to-back calls (`MIN_BATCH_S`); a backward is a batch
 of forward+backward minus a batch of forwards; a row keeps the median per-call time (quartiles
 beside it), averaged over processes.
+
+**Solo timings.** With 2+ processes on CPU every op is timed a second time by process 0 alone
+while the others wait in a barrier (gloo's wait sleeps, it does not spin): the ``solo_s``
+column. Where the processes share CPU time (other jobs, fewer free cores than processes) an op
+of a pipeline stage that computes while the other stage waits runs faster than the
+all-at-once figure says; validate/contention.py uses both figures.
+
+Several models (``--model tiny-gpt,tiny-t5``) go into one database: the union of their ops
+(rows are keyed by kind, shape and pass, so a shape two models share is timed once), the Adam
+step of each model's stages and the collective sizes of each.
+
+**All-reduces as training issues them** (``all_reduce_after_compute`` rows, 2+ processes on
+CPU): each process runs a GEMM (`FILLER_GEMM`) then the all-reduce, in a loop, and the row's
+time is what the all-reduce adds to the loop (loop with it minus loop without, per call). On a
+machine whose processes sleep while they wait this is larger than the back-to-back figure: a
+process that reaches the collective first sleeps in gloo, and waking it again costs. The
+cpu link's α-β fit uses these rows (validate/cpu_hardware.py).
+
+**Reference GEMM.** The machine's speed drifts: on the CI machine kind two processes' GEMMs
+ran at ~85 GFLOP/s each at one moment and at ~50 GFLOP/s each a quarter of an hour later,
+with nothing else running in the guest (its host is shared). So the profile and every trace
+time the same `FILLER_GEMM`, all processes at once, at their start and end
+(`reference_gemm_s`, in the metadata); `sim validate` scales the profiled op times by the
+trace's figure over the profile's (validate/compare.py) and prints the factor.
+
+``--device cuda`` (validate/devices.py): NCCL, one GPU per process, timers read after
+``torch.cuda.synchronize()``; no solo timings (each process has its own GPU).
 """
 
 from __future__ import annotations
@@ -36,9 +63,12 @@ COLLECTIVE_SIZES_BYTES = tuple(4**k for k in range(6, 13))
 """4 KiB … 16 MiB (×4), the range between a tensor-parallel activation and a gradient bucket."""
 
 
-def machine_metadata(processes: int, threads: int) -> dict[str, Any]:
-    """CPU model, cores, clock, memory, OS, torch version and the run's processes/threads."""
+def machine_metadata(processes: int, threads: int, device: str = "cpu") -> dict[str, Any]:
+    """CPU model, cores, clock, memory, OS, torch version and the run's processes/threads
+    (plus GPU name, count and CUDA version on cuda)."""
     import torch
+
+    from trainsim.validate.devices import device_metadata
 
     model, mhz = platform.processor() or platform.machine(), 0.0
     try:
@@ -60,18 +90,29 @@ def machine_metadata(processes: int, threads: int) -> dict[str, Any]:
             "os": platform.platform(terse=True), "python": platform.python_version(),
             "torch": torch.__version__, "backend": "gloo", "processes": processes,
             "threads_per_process": threads,
-            "date": datetime.date.today().isoformat()}
+            "date": datetime.date.today().isoformat(), **device_metadata(device)}
 
 
-def op_specs(model: str, micro_batch_size: int, tps: tuple[int, ...]
+def _load_average() -> float | None:
+    """1-minute load average (/proc/loadavg), None where unreadable: how busy the machine
+    was, recorded beside the measurements."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def op_specs(model: str, micro_batch_size: int, tps: tuple[int, ...],
+             seen: dict[tuple[str, tuple[int, ...], float], dict[str, Any]] | None = None
              ) -> list[dict[str, Any]]:
-    """Distinct ops of `model`'s graph at each tp degree: kind, shape, FLOPs, bytes, context."""
+    """Distinct ops of `model`'s graph at each tp degree: kind, shape, FLOPs, bytes, context
+    (added to `seen`, which several models share, and all of `seen` returned)."""
     from trainsim.validate.small_models import get_validation_model
     from trainsim.workloads.model import build_graph
 
     spec = get_validation_model(model)
     graph = build_graph(spec, micro_batch_size)
-    seen: dict[tuple[str, tuple[int, ...], float], dict[str, Any]] = {}
+    seen = {} if seen is None else seen
     for tp in tps:
         for layer in dict.fromkeys(graph.layers):
             causal = layer.kind != "transformer" or spec.family != "t5"
@@ -92,14 +133,14 @@ def op_specs(model: str, micro_batch_size: int, tps: tuple[int, ...]
     return list(seen.values())
 
 
-def _op_callable(o: dict[str, Any]) -> tuple[Callable[[], Any], list[Any]]:
+def _op_callable(o: dict[str, Any], dev: Any = None) -> tuple[Callable[[], Any], list[Any]]:
     """(forward thunk, tensors whose grads to clear) running op `o` as the model runs it."""
     import torch
 
     from trainsim.validate import torch_ops as ops
 
     def leaf(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape).requires_grad_(True)
+        return torch.randn(*shape, device=dev).requires_grad_(True)
 
     kind, shape = o["kind"], o["shape"]
     if kind == "matmul":
@@ -118,7 +159,7 @@ def _op_callable(o: dict[str, Any]) -> tuple[Callable[[], Any], list[Any]]:
     if kind == "softmax":
         bh, sq, skv, d = o["score_shape"]
         x = leaf(bh, sq, skv)
-        mask = ops.attention_mask(sq, skv, o["causal"])
+        mask = ops.attention_mask(sq, skv, o["causal"], dev)
         scale = 1.0 / d**0.5
         return (lambda: ops.scale_mask_softmax(x, mask, scale)), [x]
     (elements,) = shape
@@ -134,7 +175,7 @@ def _op_callable(o: dict[str, Any]) -> tuple[Callable[[], Any], list[Any]]:
         return (lambda: ops.residual_add(x, y)), [x, y]
     if kind == "embedding":
         tokens, tp, b = elements // h, o["tp"], o["b"]
-        ids = torch.randint(0, o["vocab"], (b, tokens // b))
+        ids = torch.randint(0, o["vocab"], (b, tokens // b), device=dev)
         word, pos = leaf(o["vocab"] // tp, h), leaf(tokens // b, h)
         return (lambda: ops.embedding(ids, word, pos, 0, None, vocab_parallel=tp > 1)), \
             [word, pos]
@@ -142,10 +183,20 @@ def _op_callable(o: dict[str, Any]) -> tuple[Callable[[], Any], list[Any]]:
         tp = o["tp"]
         v_local = o["vocab"] // tp
         logits = leaf(elements // v_local, v_local)
-        target = torch.randint(0, o["vocab"], (elements // v_local,))
+        target = torch.randint(0, o["vocab"], (elements // v_local,), device=dev)
         return (lambda: ops.cross_entropy(logits, target, 0, None)), [logits]
     raise TraceError(f"sim profile: op kind {kind!r} has no torch implementation")
 
+
+FILLER_GEMM = (256, 1024, 256)
+"""(m, n, k) of the GEMM run before each all-reduce in the ``all_reduce_after_compute`` rows:
+tiny-gpt's FC1, a few milliseconds, about the compute between two tensor-parallel
+all-reduces."""
+INTERLEAVED_SIZES_BYTES = (4096, 65536, 2**20)
+"""Sizes of the ``all_reduce_after_compute`` rows besides the ones the plans need."""
+
+REFERENCE_REPEATS = 10
+"""Timed batches of the reference GEMM at each end of a profile or trace."""
 
 MIN_BATCH_S = 0.02
 """Each timed repeat runs an op back to back for at least this long and divides: a process
@@ -154,20 +205,26 @@ CPU, as during a training run, not the speed of one lucky uninterrupted call."""
 
 
 def _time(fn: Callable[[], Any], warmup: int, repeats: int, barrier: Callable[[], None],
-          agree: Callable[[int], int] = lambda n: n) -> list[float]:
+          agree: Callable[[int], int] = lambda n: n,
+          sync: Callable[[], None] = lambda: None) -> list[float]:
     """Per-call seconds of `repeats` batches of back-to-back calls (see MIN_BATCH_S); `agree`
-    makes every process use the same batch length (collectives must match call for call)."""
+    makes every process use the same batch length (collectives must match call for call);
+    `sync` waits for a GPU's queued work before each clock read."""
+    sync()
     t0 = time.perf_counter()
     for _ in range(max(warmup, 1)):
         fn()
+    sync()
     once = (time.perf_counter() - t0) / max(warmup, 1)
     calls = agree(max(1, min(1000, int(MIN_BATCH_S / max(once, 1e-7)))))
     out = []
     for _ in range(repeats):
         barrier()
+        sync()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
+        sync()
         out.append((time.perf_counter() - t0) / calls)
     return out
 
@@ -177,29 +234,49 @@ def _stats(times: list[float]) -> dict[str, float]:
     return {"time_s": statistics.median(times), "p25_s": q[0], "p75_s": q[2]}
 
 
+def _solo(fn: Callable[[], Any], rank: int, warmup: int, repeats: int, dist: Any,
+          sync: Callable[[], None]) -> list[float]:
+    """Process 0 times `fn` alone while the others wait in a barrier (module docstring)."""
+    times = _time(fn, warmup, repeats, lambda: None, sync=sync) if rank == 0 else []
+    dist.barrier()
+    return times
+
+
+def _backward(both: list[float], fwd: list[float]) -> list[float]:
+    """(forward + backward) − forward, repeat by repeat (sorted pairs)."""
+    return [max(b - f, 1e-9) for b, f in zip(sorted(both), sorted(fwd), strict=True)]
+
+
 def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
     from trainsim.validate import torch_model as tm
+    from trainsim.validate.devices import synchronize, worker_device
     from trainsim.validate.small_models import get_validation_model
 
     torch.set_num_threads(cfg["threads"])
     world = cfg["processes"]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
-                            world_size=world)
+    dev = worker_device(cfg["device"], rank)
+    dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{cfg['port']}",
+                            rank=rank, world_size=world)
     rows: list[dict[str, Any]] = []
     warmup, repeats = cfg["warmup"], cfg["repeats"]
+    solo = cfg["solo"]
+
+    def sync() -> None:
+        synchronize(dev)
 
     def agree(n: int) -> int:
-        t = torch.tensor([n])
+        t = torch.tensor([n], device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
-    cfg["agree"] = agree
+    cfg["agree"], cfg["sync"], cfg["dev"] = agree, sync, dev
     try:
+        reference = [reference_gemm_s(dev, dist.barrier, agree, sync)]
         for o in cfg["ops"]:
-            fwd, leaves = _op_callable(o)
+            fwd, leaves = _op_callable(o, dev)
 
             def clear(leaves: list[Any] = leaves) -> None:
                 for t in leaves:
@@ -214,23 +291,29 @@ def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
                 clear()
                 fwd().backward(grad)
 
-            fwd_times = _time(fwd, warmup, repeats, dist.barrier, agree)
-            both_times = _time(both, warmup, repeats, dist.barrier, agree)
-            # backward = (forward + backward) - forward, repeat by repeat (sorted pairs)
-            bwd_times = [max(b - f, 1e-9) for b, f in zip(sorted(both_times), sorted(fwd_times),
-                                                          strict=True)]
+            fwd_times = _time(fwd, warmup, repeats, dist.barrier, agree, sync)
+            bwd_times = _backward(_time(both, warmup, repeats, dist.barrier, agree, sync),
+                                  fwd_times)
+            solo_fwd = solo_bwd = None
+            if solo:
+                sf = _solo(fwd, rank, warmup, repeats, dist, sync)
+                sb = _solo(both, rank, warmup, repeats, dist, sync)
+                if sf:
+                    solo_fwd = statistics.median(sf)
+                    solo_bwd = statistics.median(_backward(sb, sf))
             shape = list(o["shape"])
             rows.append({"kind": o["kind"], "shape": shape, "pass_": "fwd",
                          "flops": o["fwd_flops"], "bytes_moved": o["fwd_bytes"],
-                         "repeats": repeats, **_stats(fwd_times)})
+                         "repeats": repeats, "solo_s": solo_fwd, **_stats(fwd_times)})
             rows.append({"kind": o["kind"], "shape": shape, "pass_": "bwd",
                          "flops": o["bwd_flops"], "bytes_moved": o["bwd_bytes"],
-                         "repeats": repeats, **_stats(bwd_times)})
-        spec = get_validation_model(cfg["model"])
+                         "repeats": repeats, "solo_s": solo_bwd, **_stats(bwd_times)})
         done: set[int] = set()
-        for pp, tp in cfg["stage_plans"]:
+        for name, pp, tp in cfg["stage_plans"]:
+            spec = get_validation_model(name)
             for stage in range(pp):
-                model = tm.build_stage(spec, stage=stage, pp=pp, tp=tp, tp_rank=rank % tp)
+                model = tm.build_stage(spec, stage=stage, pp=pp, tp=tp,
+                                       tp_rank=rank % tp).to(dev)
                 params = list(model.parameters())
                 n = sum(p.numel() for p in params)
                 if n in done:
@@ -239,29 +322,78 @@ def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
                 for p in params:
                     p.grad = torch.randn_like(p)
                 opt = torch.optim.Adam(params, lr=1e-4)
-                times = _time(opt.step, warmup + 1, repeats, dist.barrier, agree)
+                times = _time(opt.step, warmup + 1, repeats, dist.barrier, agree, sync)
+                st = _solo(opt.step, rank, warmup + 1, repeats, dist, sync) if solo else []
                 rows.append({"kind": "optimizer", "shape": [n], "pass_": "step",
                              "flops": 12.0 * n, "bytes_moved": 28.0 * n, "repeats": repeats,
+                             "solo_s": statistics.median(st) if st else None,
                              **_stats(times)})
         rows += _collectives(dist, rank, world, cfg)
+        if solo:
+            rows += _after_compute(dist, world, cfg)
+        reference.append(reference_gemm_s(dev, dist.barrier, agree, sync))
         Path(cfg["out_dir"], f"profile_rank{rank}.json").write_text(json.dumps(rows))
+        Path(cfg["out_dir"], f"reference_rank{rank}.json").write_text(json.dumps(reference))
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def reference_gemm_s(dev: Any, barrier: Callable[[], None], agree: Callable[[int], int],
+                     sync: Callable[[], None]) -> float:
+    """Median per-call seconds of the `FILLER_GEMM` forward, every process at once (module
+    docstring: reference GEMM)."""
+    import torch
+
+    m, n, k = FILLER_GEMM
+    a, b = torch.randn(m, k, device=dev), torch.randn(n, k, device=dev)
+    return statistics.median(_time(lambda: a @ b.t(), 2, REFERENCE_REPEATS, barrier, agree,
+                                   sync))
+
+
+def _after_compute(dist: Any, world: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """``all_reduce_after_compute`` rows (module docstring): per size, the loop time of
+    GEMM + all-reduce minus that of the GEMM alone, repeat by repeat (sorted pairs)."""
+    import torch
+
+    m, n, k = FILLER_GEMM
+    a, b = torch.randn(m, k, device=cfg["dev"]), torch.randn(n, k, device=cfg["dev"])
+    rows = []
+    sizes = sorted(set(INTERLEAVED_SIZES_BYTES) | {int(s) for s in cfg["extra_sizes"]})
+    for size in sizes:
+        x = torch.ones(max(1, size // 4), device=cfg["dev"])
+
+        def gemm() -> None:
+            a @ b.t()
+
+        def both(x: Any = x) -> None:
+            a @ b.t()
+            dist.all_reduce(x)
+
+        alone = _time(gemm, cfg["warmup"] + 1, cfg["repeats"], dist.barrier, cfg["agree"],
+                      cfg["sync"])
+        with_ar = _time(both, cfg["warmup"] + 1, cfg["repeats"], dist.barrier, cfg["agree"],
+                        cfg["sync"])
+        added = _backward(with_ar, alone)
+        rows.append({"kind": "all_reduce_after_compute", "shape": [], "pass_": "comm",
+                     "group_size": world, "size_bytes": float(x.numel() * 4),
+                     "repeats": cfg["repeats"], **_stats(added)})
+    return rows
 
 
 def _collectives(dist: Any, rank: int, world: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     import torch
 
     rows = []
+    dev = cfg["dev"]
     sizes = sorted(set(COLLECTIVE_SIZES_BYTES) | {int(s) for s in cfg["extra_sizes"]})
     for size in sizes:
         n = max(1, size // 4)
-        x = torch.ones(n)
+        x = torch.ones(n, device=dev)
         reps = cfg["repeats"]
         calls: dict[str, Callable[[], Any]] = {"all_reduce": lambda x=x: dist.all_reduce(x)}
         if n % world == 0:
-            parts = [torch.empty(n // world) for _ in range(world)]
+            parts = [torch.empty(n // world, device=dev) for _ in range(world)]
             calls["all_gather"] = lambda p=parts, x=x: dist.all_gather(p, p[rank].clone())
             calls["reduce_scatter"] = lambda p=parts, x=x: dist.reduce_scatter(
                 p[rank], list(x.chunk(world)))
@@ -276,7 +408,8 @@ def _collectives(dist: Any, rank: int, world: int, cfg: dict[str, Any]) -> list[
             calls["p2p"] = ping
         for kind, fn in calls.items():
             try:
-                times = _time(fn, cfg["warmup"] + 1, reps, dist.barrier, cfg["agree"])
+                times = _time(fn, cfg["warmup"] + 1, reps, dist.barrier, cfg["agree"],
+                              cfg["sync"])
             except (RuntimeError, ValueError):  # e.g. reduce_scatter on an old gloo
                 continue
             if kind == "p2p":
@@ -302,17 +435,19 @@ def plan_sizes(model: str, micro_batch_size: int, tp: int) -> list[float]:
 def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes: int = 2,
                 threads: int = 1, warmup: int = 3, repeats: int = 10,
                 device: str = "cpu") -> ProfileDB:
-    """Profile `model`'s ops and the collectives (module docstring) into a ProfileDB.
+    """Profile the ops of `model` (one name or several, comma-separated) and the collectives
+    (module docstring) into a ProfileDB.
 
     Raises:
-        TraceError: an unsupported device, an option out of range, more processes than CPUs
-            or a model too large for the memory (validate/worker_limits.py), or a worker
-            failed.
+        TraceError: an unsupported device or one this machine lacks (validate/devices.py), an
+            option out of range, more processes than CPUs or a model too large for the memory
+            (validate/worker_limits.py), or a worker failed.
     """
     import tempfile
 
     import torch.multiprocessing as mp
 
+    from trainsim.validate.devices import check_device, prepare_workers
     from trainsim.validate.small_models import get_validation_model
     from trainsim.validate.torch_parallel import free_port
     from trainsim.validate.worker_limits import (
@@ -321,32 +456,44 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
         training_memory_bytes,
     )
 
-    if device != "cpu":
-        raise TraceError(f"sim profile --device {device!r}: only 'cpu' is implemented here "
-                         f"(CUDA profiling needs a GPU machine)")
     for option, value, least in (("--micro-batch", micro_batch_size, 1),
                                  ("--processes", processes, 1), ("--threads", threads, 1),
                                  ("--warmup", warmup, 0), ("--repeats", repeats, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise TraceError(f"sim profile {option} {value!r} must be an integer >= {least}")
-    check_processes("sim profile --processes", processes)
-    spec = get_validation_model(model)
+    names = [m.strip() for m in str(model).split(",") if m.strip()]
+    if not names:
+        raise TraceError(f"sim profile --model {model!r}: name at least one model")
+    specs = [get_validation_model(m) for m in names]
+    backend = check_device("sim profile", device, processes)
+    if device == "cpu":
+        check_processes("sim profile --processes", processes)
     # Each process times the Adam step of up to the whole model (the pp=1 stage plan).
-    check_memory("sim profile --model", spec.name,
-                 training_memory_bytes(spec.parameters(), processes, processes))
-    tps = tuple(t for t in range(1, processes + 1)
-                if processes % t == 0 and spec.num_heads % t == 0 and spec.vocab_size % t == 0)
-    pps = [p for p in range(1, processes + 1) if processes % p == 0 and p <= spec.num_layers]
-    if spec.family == "t5":
-        tps, pps = (1,), [1]
-    stage_plans = sorted({(pp, 1) for pp in pps} | {(1, tp) for tp in tps})
-    extra = [s for tp in tps for s in plan_sizes(model, micro_batch_size, tp)]
+    for spec in specs:
+        check_memory("sim profile --model", spec.name,
+                     training_memory_bytes(spec.parameters(), processes, processes))
+    seen: dict[tuple[str, tuple[int, ...], float], dict[str, Any]] = {}
+    stage_plans: list[tuple[str, int, int]] = []
+    extra: list[float] = []
+    all_tps: set[int] = set()
+    for name, spec in zip(names, specs, strict=True):
+        tps = tuple(t for t in range(1, processes + 1) if processes % t == 0
+                    and spec.num_heads % t == 0 and spec.vocab_size % t == 0)
+        pps = [p for p in range(1, processes + 1) if processes % p == 0 and p <= spec.num_layers]
+        if spec.family == "t5":
+            tps, pps = (1,), [1]
+        op_specs(name, micro_batch_size, tps, seen)
+        stage_plans += sorted({(name, pp, 1) for pp in pps} | {(name, 1, tp) for tp in tps})
+        extra += [s for tp in tps for s in plan_sizes(name, micro_batch_size, tp)]
+        all_tps |= set(tps)
+    solo = device == "cpu" and processes > 1
+    load_before = _load_average()
     with tempfile.TemporaryDirectory(prefix="trainsim-profile-") as tmp:
-        cfg = {"model": model, "ops": op_specs(model, micro_batch_size, tps),
-               "stage_plans": stage_plans, "processes": processes, "threads": threads,
-               "warmup": warmup, "repeats": repeats, "extra_sizes": extra, "out_dir": tmp,
-               "port": free_port()}
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        cfg = {"ops": list(seen.values()), "stage_plans": stage_plans, "processes": processes,
+               "threads": threads, "warmup": warmup, "repeats": repeats, "extra_sizes": extra,
+               "out_dir": tmp, "port": free_port(), "device": device, "backend": backend,
+               "solo": solo}
+        prepare_workers(device)
         try:
             mp.spawn(_profile_worker, args=(cfg,), nprocs=processes, join=True)
         except mp.ProcessRaisedException as exc:
@@ -354,9 +501,12 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
                              f"{str(exc).strip().splitlines()[-1]}") from None
         per_rank = [json.loads(Path(tmp, f"profile_rank{r}.json").read_text())
                     for r in range(processes)]
+        reference = [t for r in range(processes)
+                     for t in json.loads(Path(tmp, f"reference_rank{r}.json").read_text())]
     rows = []
     for recs in zip(*per_rank, strict=True):
         first = recs[0]
+        solos = [r["solo_s"] for r in recs if r.get("solo_s")]
         rows.append(ProfileRow(
             kind=first["kind"], shape=tuple(first["shape"]), pass_=first["pass_"],
             group_size=int(first.get("group_size", 1)),
@@ -364,11 +514,17 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
             flops=float(first.get("flops", 0.0)), bytes_moved=float(first.get("bytes_moved", 0.0)),
             time_s=statistics.fmean(r["time_s"] for r in recs),
             p25_s=min(r["p25_s"] for r in recs), p75_s=max(r["p75_s"] for r in recs),
-            repeats=int(first["repeats"])))
-    meta = machine_metadata(processes, threads)
-    meta.update({"model": spec.name, "micro_batch_size": micro_batch_size, "warmup": warmup,
-                 "repeats": repeats, "tensor_parallel_degrees": list(tps),
-                 "command": f"sim profile --device cpu --model {model} --micro-batch "
+            repeats=int(first["repeats"]),
+            solo_s=statistics.fmean(solos) if solos else 0.0))
+    meta = machine_metadata(processes, threads, device)
+    meta.update({"model": ",".join(s.name for s in specs),
+                 "micro_batch_size": micro_batch_size, "warmup": warmup,
+                 "repeats": repeats, "tensor_parallel_degrees": sorted(all_tps),
+                 "solo_timings": solo, "load_average_before": load_before,
+                 "reference_gemm": list(FILLER_GEMM),
+                 "reference_gemm_s": statistics.median(reference),
+                 "load_average_after": _load_average(),
+                 "command": f"sim profile --device {device} --model {model} --micro-batch "
                             f"{micro_batch_size} --processes {processes} --warmup {warmup} "
                             f"--repeats {repeats}"})
     return ProfileDB(meta=meta, rows=tuple(rows))

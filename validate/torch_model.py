@@ -32,18 +32,33 @@ from trainsim.validate import torch_ops as ops
 from trainsim.workloads.model import ModelSpec
 
 _PROFILING = [False]
+_SYNC: list[Any] = [None]
+"""The CUDA device to synchronize at each op range's ends while profiling (None on CPU)."""
 INIT_STD = 0.02
 """Std of the normal initialisation of weights (GPT-2's; only the values' scale matters)."""
 
 
-def profiling(on: bool) -> None:
-    """Turn per-op record_function ranges on or off (see module docstring)."""
+def profiling(on: bool, device: Any = None) -> None:
+    """Turn per-op record_function ranges on or off (see module docstring); on a CUDA
+    `device` each range synchronizes at both ends, so its host-side span covers the op's
+    kernels (the profiled iteration only; the timed iterations run unsynchronized)."""
     _PROFILING[0] = on
+    _SYNC[0] = device if on and getattr(device, "type", "cpu") == "cuda" else None
+
+
+@contextlib.contextmanager
+def _synced_range(label: str, device: Any) -> Iterator[None]:
+    torch.cuda.synchronize(device)
+    with torch.profiler.record_function(label):
+        yield
+        torch.cuda.synchronize(device)
 
 
 def op_range(kind: str, name: str) -> contextlib.AbstractContextManager[Any]:
     """A record_function range "op:<kind>:<name>" while profiling, else a no-op."""
     if _PROFILING[0]:
+        if _SYNC[0] is not None:
+            return _synced_range(f"op:{kind}:{name}", _SYNC[0])
         return torch.profiler.record_function(f"op:{kind}:{name}")
     return contextlib.nullcontext()
 
@@ -105,7 +120,8 @@ class Attention(nn.Module):
             scores = ops.attention_score(q, k)
         mask = self._masks.get((s, s_kv))
         if mask is None:
-            mask = self._masks[(s, s_kv)] = ops.attention_mask(s, s_kv, self.causal)
+            mask = self._masks[(s, s_kv)] = ops.attention_mask(s, s_kv, self.causal,
+                                                               scores.device)
         with op_range("softmax", f"{p}.softmax"):
             probs = ops.scale_mask_softmax(scores, mask, 1.0 / math.sqrt(self.d))
         with op_range("attention_context", f"{p}.context"):
@@ -252,8 +268,9 @@ def build_stage(spec: ModelSpec, *, stage: int, pp: int, tp: int = 1, tp_rank: i
                       has_head=stage == pp - 1, tp=tp, tp_rank=tp_rank, seed=seed)
 
 
-def batch(spec: ModelSpec, b: int, seed: int) -> dict[str, torch.Tensor]:
-    """A random batch of token ids (and targets; decoder ids for T5), reproducible by seed."""
+def batch(spec: ModelSpec, b: int, seed: int, device: Any = None) -> dict[str, torch.Tensor]:
+    """A random batch of token ids (and targets; decoder ids for T5), reproducible by seed
+    (drawn on the CPU generator, then moved to `device`)."""
     gen = torch.Generator().manual_seed(seed)
     s = spec.seq_len
     out = {"ids": torch.randint(0, spec.vocab_size, (b, s), generator=gen)}
@@ -261,7 +278,7 @@ def batch(spec: ModelSpec, b: int, seed: int) -> dict[str, torch.Tensor]:
     if spec.family == "t5":
         out["dec_ids"] = torch.randint(0, spec.vocab_size, (b, s_out), generator=gen)
     out["targets"] = torch.randint(0, spec.vocab_size, (b, s_out), generator=gen)
-    return out
+    return {k: v.to(device) for k, v in out.items()} if device is not None else out
 
 
 def tensor_bytes(tensors: Iterator[torch.Tensor]) -> int:

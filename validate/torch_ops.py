@@ -92,11 +92,11 @@ def scale_mask_softmax(x: torch.Tensor, mask: torch.Tensor, scale: float) -> tor
     return torch.softmax(x * scale + mask, dim=-1)
 
 
-def attention_mask(s_q: int, s_kv: int, causal: bool) -> torch.Tensor:
+def attention_mask(s_q: int, s_kv: int, causal: bool, device: Any = None) -> torch.Tensor:
     """Additive mask [s_q, s_kv]: -inf above the diagonal when causal, zeros otherwise."""
     if not causal:
-        return torch.zeros(s_q, s_kv)
-    return torch.triu(torch.full((s_q, s_kv), float("-inf")), diagonal=1)
+        return torch.zeros(s_q, s_kv, device=device)
+    return torch.triu(torch.full((s_q, s_kv), float("-inf"), device=device), diagonal=1)
 
 
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -177,7 +177,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         softmax, idx, outside = ctx.saved_tensors
         g = softmax.clone()
-        rows = torch.arange(g.shape[0])
+        rows = torch.arange(g.shape[0], device=g.device)
         g[rows, idx] -= (~outside).to(g.dtype)
         g.mul_(grad / g.shape[0])
         return g, None, None, None

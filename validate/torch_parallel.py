@@ -17,12 +17,16 @@ parallel innermost, then data parallel, then pipeline): rank = stage·dp·tp + r
 Each worker uses one intra-op thread (two processes share two cores). Timed iterations run
 without the profiler; one extra iteration runs under torch.profiler (per-op ranges, CPU memory
 events) and is folded into per-op events and a peak of live tensor bytes by trace_import.
+
+``device="cuda"`` (validate/devices.py) runs the same code with NCCL, one GPU per worker
+(``LOCAL_RANK``), host timers read after ``torch.cuda.synchronize()``, op ranges synchronized
+in the profiled iteration, and the peak memory of that iteration from
+``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from pathlib import Path
@@ -70,23 +74,31 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
 
     from trainsim.simulator.schedules import get_schedule
     from trainsim.validate import torch_model as tm
+    from trainsim.validate.devices import synchronize, worker_device
     from trainsim.validate.small_models import get_validation_model
 
     torch.set_num_threads(WORKER_THREADS)
     dp, tp, pp = cfg["dp"], cfg["tp"], cfg["pp"]
     world = dp * tp * pp
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
-                            world_size=world)
+    dev = worker_device(cfg["device"], rank)
+    dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{cfg['port']}",
+                            rank=rank, world_size=world)
+
+    def clock() -> float:
+        synchronize(dev)
+        return time.perf_counter()
+
     try:
         tp_group, dp_group = _groups(dist, world, dp, tp, pp, rank)
         spec = get_validation_model(cfg["model"])
         stage, replica, t = rank_layout(rank, dp, tp)
-        model = tm.build_stage(spec, stage=stage, pp=pp, tp=tp, tp_rank=t, seed=cfg["seed"])
+        model = tm.build_stage(spec, stage=stage, pp=pp, tp=tp, tp_rank=t,
+                               seed=cfg["seed"]).to(dev)
         params = [p for p in model.parameters()]
         optimizer = torch.optim.Adam(params, lr=1e-4)
         b, m = cfg["micro_batch_size"], cfg["num_micro_batches"]
         s = spec.seq_len
-        batches = [tm.batch(spec, b, seed=1000 * replica + j) for j in range(m)]
+        batches = [tm.batch(spec, b, seed=1000 * replica + j, device=dev) for j in range(m)]
         actions = get_schedule("1f1b")(pp, m, 1)[stage]
         prev_rank = rank - dp * tp if stage > 0 else None
         next_rank = rank + dp * tp if stage < pp - 1 else None
@@ -103,34 +115,34 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                     if prev_rank is None:
                         x = batches[j]["ids"]
                     else:
-                        x = torch.empty(shape)
+                        x = torch.empty(shape, device=dev)
                         dist.recv(x, src=prev_rank)
                         x.requires_grad_(True)
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     with tm.op_range("action", f"{stage}F{j}"):
                         out = model(x, b, s, tp_group, targets=batches[j]["targets"],
                                     dec_ids=batches[j].get("dec_ids"))
                         if next_rank is None:
                             out = out / m
-                    t1 = time.perf_counter()
+                    t1 = clock()
                     inputs[j], outputs[j] = x, out
                     if next_rank is not None:
                         sends.append(dist.isend(out.detach(), dst=next_rank))
                 else:
                     grad = None
                     if next_rank is not None:
-                        grad = torch.empty(shape)
+                        grad = torch.empty(shape, device=dev)
                         dist.recv(grad, src=next_rank)
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     with tm.op_range("action", f"{stage}B{j}"):
                         torch.autograd.backward(outputs.pop(j), grad)
-                    t1 = time.perf_counter()
+                    t1 = clock()
                     x = inputs.pop(j)
                     if prev_rank is not None:
                         sends.append(dist.isend(x.grad, dst=prev_rank))
                 if record is not None:
                     record["compute_s"] += t1 - t0
-            t0 = time.perf_counter()
+            t0 = clock()
             if dp_group is not None:
                 grads = [p.grad for p in params if p.grad is not None]
                 flat = torch.cat([g.reshape(-1) for g in grads])
@@ -140,9 +152,9 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                 for g in grads:
                     g.copy_(flat[offset:offset + g.numel()].view_as(g))
                     offset += g.numel()
-            t1 = time.perf_counter()
+            t1 = clock()
             optimizer.step()
-            t2 = time.perf_counter()
+            t2 = clock()
             for w in sends:
                 w.wait()
             if record is not None:
@@ -150,26 +162,41 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                 record["optimizer_s"] += t2 - t1
                 record["compute_s"] += t2 - t1
 
+        from trainsim.validate.profiler import reference_gemm_s
+
+        def agree(n: int) -> int:
+            t = torch.tensor([n], device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return int(t.item())
+
+        reference = [reference_gemm_s(dev, dist.barrier, agree, lambda: synchronize(dev))]
         for _ in range(cfg["warmup"]):
             iteration(None)
         times, parts = [], []
         for _ in range(cfg["iterations"]):
             record = {"compute_s": 0.0, "dp_sync_s": 0.0, "optimizer_s": 0.0}
             dist.barrier()
-            t0 = time.perf_counter()
+            t0 = clock()
             iteration(record)
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
             parts.append(record)
+        reference.append(reference_gemm_s(dev, dist.barrier, agree,
+                                          lambda: synchronize(dev)))
         # one profiled iteration: per-op events and CPU memory
         from torch.profiler import ProfilerActivity, profile
 
         dist.barrier()
         optimizer.zero_grad(set_to_none=True)
-        tm.profiling(True)
+        tm.profiling(True, dev)
         trace_path = Path(cfg["out_dir"]) / f"kineto_rank{rank}.json"
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        activities = [ProfilerActivity.CPU]
+        if dev.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+            torch.cuda.reset_peak_memory_stats(dev)
+        with profile(activities=activities, profile_memory=True) as prof:
             iteration(None)
         tm.profiling(False)
+        cuda_peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
         prof.export_chrome_trace(str(trace_path))
         state_bytes = tm.tensor_bytes(iter(params)) + tm.tensor_bytes(
             v for st in optimizer.state.values() for v in st.values()
@@ -177,7 +204,8 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
         result = {"rank": rank, "stage": stage, "replica": replica, "tp_index": t,
                   "iteration_times_s": times, "parts": parts,
                   "param_bytes": tm.tensor_bytes(iter(params)),
-                  "state_bytes": state_bytes, "kineto": trace_path.name}
+                  "state_bytes": state_bytes, "kineto": trace_path.name,
+                  "device_peak_bytes": cuda_peak, "reference_gemm_s": reference}
         Path(cfg["out_dir"], f"rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
     finally:
@@ -186,14 +214,15 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
 
 def run_parallel(model: str, *, dp: int, tp: int, pp: int, micro_batch_size: int,
                  num_micro_batches: int, iterations: int, warmup: int, out_dir: str | Path,
-                 seed: int = 0) -> list[dict[str, Any]]:
+                 seed: int = 0, device: str = "cpu") -> list[dict[str, Any]]:
     """Spawn the workers, wait for them, and return each rank's record (rank order).
 
     Raises:
         TraceError: a degree does not fit the model (heads, vocabulary, layers), more workers
-            than CPUs or a model too large for the memory (validate/worker_limits.py), or a
-            worker died.
+            than CPUs (cpu) or GPUs (cuda, validate/devices.py) or a model too large for the
+            memory (validate/worker_limits.py), or a worker died.
     """
+    from trainsim.validate.devices import check_device, prepare_workers
     from trainsim.validate.small_models import get_validation_model
     from trainsim.validate.worker_limits import (
         check_memory,
@@ -212,14 +241,17 @@ def run_parallel(model: str, *, dp: int, tp: int, pp: int, micro_batch_size: int
     if pp > spec.num_layers:
         raise TraceError(f"plan pp={pp} exceeds model num_layers={spec.num_layers}")
     world = dp * tp * pp
-    check_processes(f"--plan dp={dp},tp={tp},pp={pp}", world)
+    backend = check_device("sim trace", device, world)
+    if device == "cpu":
+        check_processes(f"--plan dp={dp},tp={tp},pp={pp}", world)
     check_memory("--model", spec.name, training_memory_bytes(spec.parameters(), dp, world))
     cfg = {"model": model, "dp": dp, "tp": tp, "pp": pp, "micro_batch_size": micro_batch_size,
            "num_micro_batches": num_micro_batches, "iterations": iterations, "warmup": warmup,
-           "out_dir": str(out_dir), "seed": seed, "port": free_port()}
+           "out_dir": str(out_dir), "seed": seed, "port": free_port(), "device": device,
+           "backend": backend}
     import torch.multiprocessing as mp
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    prepare_workers(device)
     try:
         mp.spawn(_worker, args=(cfg,), nprocs=world, join=True)
     except mp.ProcessRaisedException as exc:

@@ -7,6 +7,16 @@ bytes allocated since profiling began and still alive (CPU: c10's profiled CPU a
 `parse_kineto` keeps each thread's top-level spans, maps them to zoo op kinds — trainsim's own
 ``op:<kind>:<name>`` ranges first, then autograd backward nodes and aten op names — and takes
 the peak of Total Allocated.
+
+**Communication time** is the time a process spends in communication and not in an op:
+the union of every communication span (``c10d::*``, ``gloo:*``, any depth, any thread) minus
+the time its op spans cover. gloo runs an all-reduce on a worker thread while the caller sits
+in ``c10d::allreduce_`` and then waits, so summing both threads' spans would count one
+all-reduce twice; an ``isend``'s ``gloo:send`` span lasts from enqueue until the peer has
+received, overlapping the ops computed meanwhile, which are not communication. A collective
+issued inside an op's range (the vocab-parallel embedding's all-reduce, the cross entropy's
+all-gather, the tensor-parallel autograd nodes) is communication: the communication spans
+lying wholly inside an op span are taken out of that op's time.
 """
 
 from __future__ import annotations
@@ -92,24 +102,78 @@ def parse_kineto(data: Any, where: str = "trace") -> dict[str, Any]:
         raise TraceError(f"{where}: no complete ('X') events; is this a Kineto trace?")
     spans.sort(key=lambda s: (s[0], s[1], s[2], -s[3]))
     kept: list[dict[str, Any]] = []
-    open_end: dict[tuple[str, str], float] = {}
+    # Ops and communication nest separately: gloo records an isend's work as a span on the
+    # caller's thread from enqueue to completion, overlapping the ops that run meanwhile, so a
+    # communication span must not hide the op spans that start inside it.
+    open_end: dict[tuple[str, str, bool], float] = {}
     for pid, tid, ts, dur, name in spans:
         kind = kind_of_event(name)
         if kind is None:
             continue
-        key = (pid, tid)
+        key = (pid, tid, kind == "comm")
         if ts < open_end.get(key, float("-inf")):  # nested inside a kept span
             continue
         open_end[key] = ts + dur
         kept.append({"name": name, "kind": kind, "pid": pid, "tid": tid, "ts_us": ts,
                      "dur_us": dur})
+    by_pid = _kind_seconds(spans, kept)
     kind_s: dict[str, float] = {}
-    for ev in kept:
-        kind_s[ev["kind"]] = kind_s.get(ev["kind"], 0.0) + ev["dur_us"] * 1e-6
+    for kinds in by_pid.values():
+        for k, v in kinds.items():
+            kind_s[k] = kind_s.get(k, 0.0) + v
     start = min(s[2] for s in spans)
     end = max(s[2] + s[3] for s in spans)
-    return {"events": kept, "kind_s": dict(sorted(kind_s.items())), "span_s": (end - start) * 1e-6,
-            "peak_allocated_bytes": peak}
+    return {"events": kept, "kind_s": dict(sorted(kind_s.items())),
+            "kind_s_by_pid": {p: dict(sorted(k.items())) for p, k in sorted(by_pid.items())},
+            "span_s": (end - start) * 1e-6, "peak_allocated_bytes": peak}
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint union of [start, end) intervals."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _covered(union: list[tuple[float, float]], a: float, b: float) -> float:
+    """Length of [a, b) covered by a disjoint sorted `union`."""
+    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in union if x < b and y > a)
+
+
+def _kind_seconds(spans: list[tuple[str, str, float, float, str]],
+                  kept: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Seconds per kind per pid (module docstring): an op's top-level span minus the
+    communication spans (any thread) lying wholly inside it; communication as the union of
+    every communication span minus the time covered by those op pieces."""
+    comm: dict[str, list[tuple[float, float]]] = {}
+    for pid, _tid, ts, dur, name in spans:
+        if kind_of_event(name) == "comm":
+            comm.setdefault(pid, []).append((ts, ts + dur))
+    comm_union = {pid: _union(ivs) for pid, ivs in comm.items()}
+    out: dict[str, dict[str, float]] = {}
+    pieces: dict[str, list[tuple[float, float]]] = {}
+    for ev in kept:
+        if ev["kind"] == "comm":
+            continue
+        pid, start = ev["pid"], ev["ts_us"]
+        end = start + ev["dur_us"]
+        inside = _union([(a, b) for a, b in comm.get(pid, []) if a >= start and b <= end])
+        own = [(start, end)]
+        for a, b in inside:
+            own = [piece for x, y in own for piece in ((x, min(y, a)), (max(x, b), y))
+                   if piece[1] > piece[0]]
+        pieces.setdefault(pid, []).extend(own)
+        kinds = out.setdefault(pid, {})
+        kinds[ev["kind"]] = kinds.get(ev["kind"], 0.0) + sum(b - a for a, b in own) * 1e-6
+    for pid, union in comm_union.items():
+        busy = _union(pieces.get(pid, []))
+        free = sum((b - a) - _covered(busy, a, b) for a, b in union)
+        out.setdefault(pid, {})["comm"] = free * 1e-6
+    return out
 
 
 def read_json(path: str | Path) -> Any:

@@ -10,7 +10,9 @@ bytes, counted from the tensors, plus the peak of the profiler's "Total Allocate
 profiled iteration — the bytes allocated since the iteration began and still alive
 (activations, gradients, temporaries). Gradients are freed (set to None) before it begins, so
 they are counted in the second term. tracemalloc does not see torch's allocator and RSS keeps
-freed pages, so neither is used.
+freed pages, so neither is used. **On CUDA** (``--device cuda``) the peak is
+``torch.cuda.max_memory_allocated`` over the profiled iteration, which includes the parameters
+and optimizer states resident on the GPU.
 """
 
 from __future__ import annotations
@@ -251,8 +253,9 @@ def _load_average() -> float | None:
 
 
 def record_trace(model: str, plan: dict[str, int], *, iterations: int = 10, warmup: int = 3,
-                 command: str = "") -> MeasuredTrace:
-    """Run `plan` for real (validate/torch_parallel.py) and fold the ranks into a trace."""
+                 command: str = "", device: str = "cpu") -> MeasuredTrace:
+    """Run `plan` for real (validate/torch_parallel.py) on `device` (``cpu`` or ``cuda``) and
+    fold the ranks into a trace."""
     import tempfile
 
     from trainsim.validate.profiler import machine_metadata
@@ -271,7 +274,7 @@ def record_trace(model: str, plan: dict[str, int], *, iterations: int = 10, warm
         recs = run_parallel(spec.name, dp=plan["dp"], tp=plan["tp"], pp=plan["pp"],
                             micro_batch_size=plan["micro_batch_size"],
                             num_micro_batches=plan["num_micro_batches"], iterations=iterations,
-                            warmup=warmup, out_dir=tmp)
+                            warmup=warmup, out_dir=tmp, device=device)
         ranks, events = [], []
         for rec in recs:
             kin = load_kineto(Path(tmp, rec["kineto"]))
@@ -283,18 +286,28 @@ def record_trace(model: str, plan: dict[str, int], *, iterations: int = 10, warm
                                "ts_us": round(e["ts_us"] - t0, 1), "dur_us": round(e["dur_us"], 1)})
             med = {k: statistics.median(p[k] for p in rec["parts"])
                    for k in ("compute_s", "dp_sync_s", "optimizer_s")}
+            peak = rec.get("device_peak_bytes")
+            if peak is None:
+                peak = rec["state_bytes"] + kin["peak_allocated_bytes"]
             ranks.append({"rank": rec["rank"], "stage": rec["stage"], "replica": rec["replica"],
                           "tp_index": rec["tp_index"], **med,
                           "iteration_times_s": rec["iteration_times_s"],
                           "state_bytes": rec["state_bytes"],
                           "peak_allocated_bytes": kin["peak_allocated_bytes"],
-                          "peak_memory_bytes": rec["state_bytes"] + kin["peak_allocated_bytes"],
+                          "peak_memory_bytes": peak,
                           "kind_s": {k: round(v, 7) for k, v in kin["kind_s"].items()}})
     per_iter = [max(r["iteration_times_s"][i] for r in ranks) for i in range(iterations)]
-    machine = machine_metadata(world, WORKER_THREADS)
-    machine.update({"load_average_before": load_before, "load_average_after": _load_average(),
+    from trainsim.validate.profiler import FILLER_GEMM
+
+    machine = machine_metadata(world, WORKER_THREADS, device)
+    machine.update({"reference_gemm": list(FILLER_GEMM),
+                    "reference_gemm_s": statistics.median(
+                        t for rec in recs for t in rec["reference_gemm_s"]),
+                    "load_average_before": load_before, "load_average_after": _load_average(),
                     "warmup": warmup, "iterations": iterations, "command": command,
-                    "memory_method": "state tensors + peak of torch.profiler Total Allocated "
+                    "memory_method": "torch.cuda.max_memory_allocated over one iteration"
+                                     if device == "cuda" else
+                                     "state tensors + peak of torch.profiler Total Allocated "
                                      "over one iteration (see validate/trace_record.py)"})
     return MeasuredTrace(model=spec.name, plan=dict(plan), iteration_times_s=tuple(per_iter),
                          ranks=tuple(ranks), events=tuple(events), machine=machine)
@@ -321,9 +334,8 @@ def import_kineto(path: str | Path, model: str, plan: dict[str, int],
     t0 = min(e["ts_us"] for e in kin["events"]) if kin["events"] else 0.0
     for r, pid in enumerate(pids):
         mine = [e for e in kin["events"] if e["pid"] == pid]
-        kinds: dict[str, float] = {}
+        kinds: dict[str, float] = kin["kind_s_by_pid"].get(pid, {})
         for e in mine:
-            kinds[e["kind"]] = kinds.get(e["kind"], 0.0) + e["dur_us"] * 1e-6
             events.append({"rank": r, "name": e["name"], "kind": e["kind"],
                            "ts_us": round(e["ts_us"] - t0, 1), "dur_us": round(e["dur_us"], 1)})
         stage, replica, tp_index = rank_layout(r, plan["dp"], plan["tp"])

@@ -51,3 +51,25 @@ def test_unpredicted_kind_reports_n_a(db) -> None:
     line = next(ln for ln in report.splitlines() if ln.strip().startswith("other"))
     assert line.split()[-2:] == ["n/a", "n/a"]
     assert "-100.0%" not in report
+
+
+def test_machine_speed_factor_scales_the_profiled_op_times(db) -> None:
+    """A trace whose reference GEMM took twice the profile's was recorded on a machine running
+    at half the speed: the factor is 2 and every op estimate doubles; without the figure the
+    factor is 1; a non-number is a TraceError naming the field."""
+    import dataclasses
+
+    from trainsim.errors import TraceError
+    from trainsim.validate.compare import speed_factor
+    from trainsim.validate.profiled_cost import ProfiledCostModel
+
+    trace = MeasuredTrace.load(TRACES / "tiny-gpt-dp2.json")
+    machine = dict(trace.machine, reference_gemm_s=2 * db.meta["reference_gemm_s"])
+    slow = dataclasses.replace(trace, machine=machine)
+    assert speed_factor(slow, db) == pytest.approx(2.0)
+    assert speed_factor(dataclasses.replace(trace, machine={}), db) == 1.0
+    args = ("matmul", 2 * 256 * 1024 * 256, 0.0, (256, 1024, 256))
+    assert ProfiledCostModel(db, scale=2.0).time_s(*args) == pytest.approx(
+        2 * ProfiledCostModel(db).time_s(*args))
+    with pytest.raises(TraceError, match="reference_gemm_s='x'"):
+        speed_factor(dataclasses.replace(trace, machine=dict(machine, reference_gemm_s="x")), db)

@@ -50,6 +50,21 @@ def test_profile_has_ops_and_collectives(cycle):
     assert db.meta["processes"] == 2 and db.meta["threads_per_process"] == 1
 
 
+def test_profile_has_solo_timings_after_compute_rows_and_a_reference(cycle):
+    """With 2 processes on CPU every op row also has a solo timing, the all-reduces are also
+    timed after a GEMM, and the reference GEMM's time is in the metadata (as in each trace)."""
+    from trainsim.validate.profile_db import ProfileDB
+
+    db = ProfileDB.load(cycle / "profile.csv")
+    ops = [r for r in db.rows if r.pass_ != "comm"]
+    assert ops and all(r.solo_s > 0 for r in ops)
+    assert any(r.kind == "all_reduce_after_compute" for r in db.collectives())
+    assert db.meta["reference_gemm_s"] > 0
+    trace = MeasuredTrace.load(cycle / "dp2.json")
+    assert trace.machine["reference_gemm"] == db.meta["reference_gemm"]
+    assert trace.machine["reference_gemm_s"] > 0
+
+
 def test_trace_records_iterations_events_and_memory(cycle):
     """A DP2 trace has 2 measured iterations, 2 ranks with peak memory above the
     parameters' and Adam states' bytes, and op spans of the profiled iteration."""

@@ -150,3 +150,50 @@ def test_cpu_spec_peak_is_the_measured_gemm_rate():
     """The cpu GpuSpec's fp32 peak equals the fastest measured GEMM's FLOP/s."""
     spec = cpu_gpu_spec(_db())
     assert spec.peak_flops("fp32") == pytest.approx(8 * 256**3 / 3e-3)
+
+
+def test_solo_column_round_trips_and_old_files_read_it_as_zero(tmp_path):
+    """solo_s survives save/load; a file written before the column existed loads with
+    solo_s = 0 (not measured); a negative solo_s is a DataFileError naming the field."""
+    row = ProfileRow(kind="matmul", shape=(8, 8, 8), pass_="fwd", flops=1024.0, time_s=2e-3,
+                     solo_s=1e-3)
+    db = ProfileDB(meta={"device": "cpu"}, rows=(row,))
+    path = tmp_path / "p.csv"
+    db.save(path)
+    assert ProfileDB.load(path).rows[0].solo_s == 1e-3
+    head, *lines = path.read_text().splitlines()
+    old = [",".join(line.split(",")[:-1]) for line in lines]  # drop the last column
+    path.write_text("\n".join([head, *old]) + "\n")
+    assert ProfileDB.load(path).rows[0].solo_s == 0.0
+    with pytest.raises(DataFileError, match="solo_s"):
+        ProfileRow(kind="matmul", pass_="fwd", time_s=1e-3, solo_s=-1.0)
+
+
+def test_solo_cost_model_reads_solo_timings_where_measured():
+    """ProfiledCostModel(solo=True) answers with solo_s where a row has it (the layernorm
+    forward, 2e-5 s) and with time_s where it does not (the GEMM, 1e-3 s); the default model
+    ignores solo_s."""
+    import dataclasses
+
+    base = _db()
+    rows = tuple(dataclasses.replace(r, solo_s=2e-5)
+                 if (r.kind, r.pass_) == ("layernorm", "fwd") else r for r in base.rows)
+    db = ProfileDB(meta=base.meta, rows=rows)
+    assert db.has_solo() and not base.has_solo()
+    solo = ProfiledCostModel(db, solo=True)
+    assert solo.time_s("layernorm", 5 * 65536, 0.0, (65536,)) == pytest.approx(2e-5)
+    assert 3 * solo.time_s("matmul", 2 * 256**3, 0.0, (256, 256, 256)) == pytest.approx(3e-3)
+    assert ProfiledCostModel(db).time_s("layernorm", 5 * 65536, 0.0, (65536,)) \
+        == pytest.approx(5e-5)
+
+
+def test_alpha_beta_fit_prefers_all_reduces_timed_after_compute():
+    """With all-reduces timed after a GEMM (2α' + S/β, α' = 3α: the wake-up of a sleeping
+    peer) beside the back-to-back ones, the fit takes the former: α' and β come back."""
+    base = _db()
+    extra = tuple(ProfileRow(kind="all_reduce_after_compute", pass_="comm", group_size=2,
+                             size_bytes=size, time_s=2 * 3 * ALPHA_S + size / BETA)
+                  for size in (4096.0, 2**20, 2**24))
+    alpha, beta = fit_alpha_beta(ProfileDB(meta=base.meta, rows=base.rows + extra))
+    assert alpha == pytest.approx(3 * ALPHA_S, rel=1e-6)
+    assert beta == pytest.approx(BETA, rel=1e-6)

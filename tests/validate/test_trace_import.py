@@ -121,3 +121,33 @@ def test_cli_bad_trace_is_one_line_exit_2(tmp_path, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown model 'no-such-model'" in err[0]
+
+
+def test_communication_is_counted_once_and_out_of_the_op_it_is_nested_in():
+    """gloo runs an all-reduce on its worker thread (tid 2, 20..150 µs) while the caller sits
+    in c10d::allreduce_ (tid 1, 0..100 µs): comm is their union, 150 µs, not 230. An
+    all-reduce nested in the embedding's range (250..280 µs of 200..300) is comm, so the
+    embedding keeps 70 µs."""
+    ev = [
+        {"ph": "X", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0},
+        {"ph": "X", "name": "gloo:all_reduce", "pid": 1, "tid": 2, "ts": 20.0, "dur": 130.0},
+        {"ph": "X", "name": "op:embedding:embedding", "pid": 1, "tid": 1, "ts": 200.0,
+         "dur": 100.0},
+        {"ph": "X", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": 250.0, "dur": 30.0},
+    ]
+    k = parse_kineto({"traceEvents": ev})
+    assert k["kind_s"]["comm"] == pytest.approx(180e-6)
+    assert k["kind_s"]["embedding"] == pytest.approx(70e-6)
+
+
+def test_an_isend_in_flight_does_not_hide_the_ops_computed_meanwhile():
+    """gloo records an isend as a span on the caller's thread from enqueue (0 µs) to the
+    peer's receipt (500 µs); the matmul computed meanwhile (100..300 µs) keeps its 200 µs and
+    comm is only the time no op covers: 500 − 200 = 300 µs."""
+    ev = [
+        {"ph": "X", "name": "gloo:send", "pid": 1, "tid": 1, "ts": 0.0, "dur": 500.0},
+        {"ph": "X", "name": "op:matmul:mlp.fc1", "pid": 1, "tid": 1, "ts": 100.0, "dur": 200.0},
+    ]
+    k = parse_kineto({"traceEvents": ev})
+    assert k["kind_s"]["matmul"] == pytest.approx(200e-6)
+    assert k["kind_s"]["comm"] == pytest.approx(300e-6)
