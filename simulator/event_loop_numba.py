@@ -29,9 +29,10 @@ ST_NOW, ST_UPDATED, ST_WAKE, ST_NEXT_END, ST_DIRTY, ST_HEAP, ST_ACTIVE, ST_READY
 STATE_SIZE = 9
 
 _jit = numba.njit(cache=True, nogil=True)
+_jit_inline = numba.njit(cache=True, nogil=True, inline="always")
 
 
-@_jit
+@_jit_inline
 def _heap_push(heap_time, heap_task, size, time, task):
     """Sift (time, task) up into the min-heap of `size` entries; return the new size."""
     i = size
@@ -48,7 +49,7 @@ def _heap_push(heap_time, heap_task, size, time, task):
     return size + 1
 
 
-@_jit
+@_jit_inline
 def _heap_pop(heap_time, heap_task, size):
     """Remove the root of the heap (caller read it); return the new size."""
     size -= 1
@@ -78,7 +79,7 @@ def _heap_pop(heap_time, heap_task, size):
     return size
 
 
-@_jit
+@_jit_inline
 def _drain(state, act_rem, act_rate, now):
     """Remaining bytes fall linearly at the current rates up to `now` (clamped at zero)."""
     elapsed = now - state[ST_UPDATED]
@@ -115,7 +116,7 @@ def _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandw
     state[ST_WAKE] = updated + (max(0.0, gap))
 
 
-@_jit
+@_jit_inline
 def _end_task(
     e, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
     succ_ptr, succ_idx, wait, end, stack, state,
@@ -142,7 +143,7 @@ def _end_task(
     state[ST_READY] = ready
 
 
-@_jit
+@_jit_inline
 def _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users, state):
     """Task `t` enters its transfer phase now with all its bytes left."""
     _drain(state, act_rem, act_rate, now)
@@ -156,7 +157,7 @@ def _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rat
     state[ST_DIRTY] = 1.0
 
 
-@_jit
+@_jit_inline
 def _fixed_part_done(
     t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users,
     member_ptr, member_queue, member_pos, queue_ptr, queue_task,
