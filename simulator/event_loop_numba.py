@@ -157,21 +157,6 @@ def _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rat
     state[ST_DIRTY] = 1.0
 
 
-@_jit_inline
-def _fixed_part_done(
-    t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users,
-    member_ptr, member_queue, member_pos, queue_ptr, queue_task,
-    succ_ptr, succ_idx, wait, end, stack, state,
-):
-    """Task `t`'s fixed part is over: it starts its transfer, or ends if it moves no bytes."""
-    if comm[t] > 0:
-        _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users,
-                        state)
-    else:
-        _end_task(t, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
-                  succ_ptr, succ_idx, wait, end, stack, state)
-
-
 @_jit
 def init_state(
     duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
@@ -220,11 +205,14 @@ def advance(
                     heap_time, heap_task, int(state[ST_HEAP]), now + duration[t], t
                 )
             else:
-                _fixed_part_done(
-                    t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users,
-                    member_ptr, member_queue, member_pos, queue_ptr, queue_task,
-                    succ_ptr, succ_idx, wait, end, stack, state,
-                )  # fmt: skip
+                # Fixed part over at once: start the transfer, or end (written out here, not
+                # as a helper taking 20 arrays: that call made every event ~15x slower).
+                if comm[t] > 0:
+                    _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem,
+                                    act_rate, users, state)
+                else:
+                    _end_task(t, now, member_ptr, member_queue, member_pos, queue_ptr,
+                              queue_task, succ_ptr, succ_idx, wait, end, stack, state)
         if state[ST_ENDED] >= target:
             break
         heap_size = int(state[ST_HEAP])
@@ -274,10 +262,11 @@ def advance(
             now = next_fixed
             t = heap_task[0]
             state[ST_HEAP] = _heap_pop(heap_time, heap_task, heap_size)
-            _fixed_part_done(
-                t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users,
-                member_ptr, member_queue, member_pos, queue_ptr, queue_task,
-                succ_ptr, succ_idx, wait, end, stack, state,
-            )  # fmt: skip
+            if comm[t] > 0:  # its fixed part is over: transfer, or end
+                _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate,
+                                users, state)
+            else:
+                _end_task(t, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
+                          succ_ptr, succ_idx, wait, end, stack, state)
         state[ST_NOW] = now
     state[ST_NOW] = now

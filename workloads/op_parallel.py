@@ -178,9 +178,8 @@ def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
     from trainsim.workloads.stage_costs import (
         InstructionCosts,
         Work,
-        _op_work,
         _shared_params,
-        _weight_share,
+        op_pass_work,
     )
 
     deg = dict(degrees.degrees)
@@ -232,18 +231,7 @@ def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
                 tot.comm["bwd"] += bwd_r
                 if redo and prev_redo and j > 0:
                     tot.comm["rec"] += fwd_r
-            f = _op_work(cost_model, gpu, op, op.fwd_flops, op.fwd_bytes, freq_mhz, dtype)
-            share = _weight_share(op)
-            if share > 0:
-                w = _op_work(cost_model, gpu, op, op.bwd_flops * share, op.bwd_bytes * share,
-                             freq_mhz, dtype)
-                i = _op_work(cost_model, gpu, op, op.bwd_flops * (1 - share),
-                             op.bwd_bytes * (1 - share), freq_mhz, dtype)
-                b = i + w
-            else:
-                w = zero
-                b = i = _op_work(cost_model, gpu, op, op.bwd_flops, op.bwd_bytes, freq_mhz,
-                                 dtype)
+            f, b, i, w = op_pass_work(cost_model, gpu, op, freq_mhz, dtype)
             for name, part in (("fwd", f), ("bwd", b), ("bwd_in", i), ("bwd_w", w)):
                 tot.work[name] = tot.work[name] + part
             own = op.shardings[0].comm

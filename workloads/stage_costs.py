@@ -93,6 +93,25 @@ def _weight_share(op: Op) -> float:
     return 0.5 if (op.is_matmul and op.params > 0) else 0.0
 
 
+def op_pass_work(cost_model: Any, gpu: Any, op: Op, freq_mhz: float | None, dtype: str
+                 ) -> tuple[Work, Work, Work, Work]:
+    """(forward, backward, input-grad, weight-grad) work of one op on one GPU.
+
+    A GEMM's backward is two kernels of its forward size (`_weight_share`), costed apart, so
+    backward = input-grad + weight-grad exactly; other ops have no weight-grad part.
+    """
+    f = _op_work(cost_model, gpu, op, op.fwd_flops, op.fwd_bytes, freq_mhz, dtype)
+    share = _weight_share(op)
+    if share <= 0:
+        b = _op_work(cost_model, gpu, op, op.bwd_flops, op.bwd_bytes, freq_mhz, dtype)
+        return f, b, b, Work()
+    w = _op_work(cost_model, gpu, op, op.bwd_flops * share, op.bwd_bytes * share, freq_mhz,
+                 dtype)
+    i = _op_work(cost_model, gpu, op, op.bwd_flops * (1 - share), op.bwd_bytes * (1 - share),
+                 freq_mhz, dtype)
+    return f, i + w, i, w
+
+
 def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
                       recompute: str | tuple[str, ...], cost_model: Any, gpu: Any,
                       freq_mhz: float | None, dtype: str,
@@ -177,17 +196,7 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
     out = _LayerSum()
     full = recompute == "full" and layer.recomputable
     for op in ops:
-        f = _op_work(cost_model, gpu, op, op.fwd_flops, op.fwd_bytes, freq_mhz, dtype)
-        share = _weight_share(op)
-        if share > 0:
-            w = _op_work(cost_model, gpu, op, op.bwd_flops * share, op.bwd_bytes * share,
-                         freq_mhz, dtype)
-            i = _op_work(cost_model, gpu, op, op.bwd_flops * (1 - share),
-                         op.bwd_bytes * (1 - share), freq_mhz, dtype)
-            b = i + w  # the backward of a GEMM is these two GEMM kernels
-        else:
-            w = Work()
-            b = i = _op_work(cost_model, gpu, op, op.bwd_flops, op.bwd_bytes, freq_mhz, dtype)
+        f, b, i, w = op_pass_work(cost_model, gpu, op, freq_mhz, dtype)
         out.fwd, out.bwd, out.bwd_in, out.bwd_w = out.fwd + f, out.bwd + b, out.bwd_in + i, \
             out.bwd_w + w
         sharding = op.shardings[0]
