@@ -279,42 +279,6 @@ def _find_dep_cycle(program: Program) -> list[int]:
     return []
 
 
-class ProgramBuilder:
-    """Accumulates tasks for lowering: `add(task) -> id`, then `build(...) -> Program`."""
-
-    def __init__(self, num_ranks: int) -> None:
-        self.num_ranks = num_ranks
-        self.tasks: list[Task] = []
-        self.link_bandwidth_bytes_per_s: dict[str, float] = {}
-
-    def add(self, task: Task) -> int:
-        """Append `task` and return its id (its index)."""
-        self.tasks.append(task)
-        return len(self.tasks) - 1
-
-    def add_link(self, link_id: str, bandwidth_bytes_per_s: float) -> str:
-        """Declare a link (idempotent for the same bandwidth) and return its id."""
-        known = self.link_bandwidth_bytes_per_s.get(link_id)
-        if known is not None and known != bandwidth_bytes_per_s:
-            raise SimulationError(
-                f"link {link_id!r} declared with bandwidth {bandwidth_bytes_per_s!r} "
-                f"and {known!r} bytes/s"
-            )
-        self.link_bandwidth_bytes_per_s[link_id] = float(bandwidth_bytes_per_s)
-        return link_id
-
-    def build(self, **program_fields: object) -> Program:
-        """Return the Program with the added tasks and links plus the given fields."""
-        links = dict(self.link_bandwidth_bytes_per_s)
-        links.update(program_fields.pop("link_bandwidth_bytes_per_s", {}) or {})  # type: ignore[arg-type]
-        return Program(
-            num_ranks=self.num_ranks,
-            tasks=list(self.tasks),
-            link_bandwidth_bytes_per_s=links,
-            **program_fields,  # type: ignore[arg-type]
-        )
-
-
 def _first_appearance(codes: np.ndarray, names: tuple[str, ...]
                       ) -> tuple[np.ndarray, tuple[str, ...]]:
     """Recode `codes` so code i is the i-th distinct one to appear (unused names dropped):

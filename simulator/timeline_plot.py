@@ -132,37 +132,14 @@ def timeline_figure(
     iteration_s = result.iteration_time_s
     for rank in sorted(set(mem["rank"])):
         part = mem[mem["rank"] == rank]
-        gib = part["bytes"].to_numpy() / 2**30
-        fig.add_trace(
-            go.Scatter(
-                x=np.r_[part["time_s"].to_numpy(), iteration_s],
-                y=np.r_[gib, gib[-1:]],
-                mode="lines",
-                line={"shape": "hv", "width": 1},
-                name=f"rank {rank} memory",
-                showlegend=False,
-                hovertemplate=f"rank {rank}<br>%{{y:.3f}} GiB at %{{x:.6g}} s<extra></extra>",
-            ),
-            row=2,
-            col=1,
-        )
+        fig.add_trace(_step_line(part["time_s"].to_numpy(), part["bytes"].to_numpy() / 2**30,
+                                 iteration_s, f"rank {rank} memory",
+                                 f"rank {rank}<br>%{{y:.3f}} GiB at %{{x:.6g}} s"), row=2, col=1)
     for rank in sorted(set(power["rank"])):
         part = power[power["rank"] == rank]
-        x = np.r_[part["time_s"].to_numpy(), iteration_s]
-        y = np.r_[part["power_w"].to_numpy(), part["power_w"].to_numpy()[-1:]]
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=y,
-                mode="lines",
-                line={"shape": "hv", "width": 1},
-                name=f"rank {rank} power",
-                showlegend=False,
-                hovertemplate=f"rank {rank}<br>%{{y:.1f}} W at %{{x:.6g}} s<extra></extra>",
-            ),
-            row=3,
-            col=1,
-        )
+        fig.add_trace(_step_line(part["time_s"].to_numpy(), part["power_w"].to_numpy(),
+                                 iteration_s, f"rank {rank} power",
+                                 f"rank {rank}<br>%{{y:.1f}} W at %{{x:.6g}} s"), row=3, col=1)
     if title is None:
         meta = result.program.metadata
         bits = [meta[k] for k in ("model", "plan") if isinstance(meta.get(k), str)]
@@ -204,3 +181,13 @@ def write_timeline_html(
     )
     path.write_text(html, encoding="utf-8")
     return path
+
+
+def _step_line(time_s: np.ndarray, values: np.ndarray, iteration_s: float, name: str,
+               hover: str) -> go.Scatter:
+    """A per-rank step trace (memory or power) held at its last value to the iteration's end."""
+    import plotly.graph_objects as go
+
+    return go.Scatter(x=np.r_[time_s, iteration_s], y=np.r_[values, values[-1:]], mode="lines",
+                      line={"shape": "hv", "width": 1}, name=name, showlegend=False,
+                      hovertemplate=hover + "<extra></extra>")

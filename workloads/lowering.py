@@ -191,7 +191,7 @@ class _Lowering(GradientSync, LoweringLayout):
                 sync = (last_bwd.get(a.stage) == (a.kind, a.micro_batch)
                         and self.opt.communication
                         and (bool(self._grad_groups(phys, c))
-                             if getattr(c, "params_by_tp", ()) else plan.dp_of_stage(phys) > 1))
+                             if c.params_by_tp else plan.dp_of_stage(phys) > 1))
                 per_bucket: list[dict[int, int]] = [{} for _ in
                                                      range(self._buckets(c) if sync else 1)]
                 self._instruction(a, phys, c, final_kind.get(a.stage, "B"), per_bucket)

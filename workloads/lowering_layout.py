@@ -246,14 +246,12 @@ class LoweringLayout:
         return instruction_costs(layers, tp=self.plan.tp_of_stage(s), sp=self.plan.sp,
                                  ep=self.plan.ep, recompute=self.plan.recompute_of_stage(s),
                                  cost_model=self.cost_model, gpu=gpu, freq_mhz=freq,
-                                 dtype=self.plan.dtype, **({"op_degrees": degrees}
-                                                           if degrees is not None else {}))
+                                 dtype=self.plan.dtype, op_degrees=degrees)
 
     def has_op_tp(self, s: int) -> bool:
         """Whether some op of physical stage `s` has its own tensor-parallel degree (then the
         stage is one replica unit, so every per-op group lies inside it)."""
-        check = getattr(self.plan, "has_op_tp", None)
-        return bool(check(s)) if check is not None else False
+        return self.plan.has_op_tp(s)
 
     # ------------------------------------------------------------------ groups
     # Lowering asks for a stage's groups once per instruction, so each is built once and the

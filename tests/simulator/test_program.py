@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainsim.errors import SimulationError
-from trainsim.simulator.program import Program, ProgramBuilder, Task
+from trainsim.simulator.program import Program, Task
 
 
 def _task(name: str, rank: int | tuple[int, ...] = 0, **kw) -> Task:
@@ -96,21 +96,6 @@ def test_validate_allows_forward_deps_but_finds_cycles() -> None:
     with pytest.raises(SimulationError, match="dependency cycle 0 'a' -> 2 'c' -> 1 'b' -> 0 'a'"):
         cyclic.validate()
     cyclic.validate(check_cycles=False)  # engines report it as a deadlock instead
-
-
-def test_builder_returns_indices_and_checks_link_bandwidth() -> None:
-    """add() returns consecutive ids; a link declared twice with two bandwidths is an error."""
-    builder = ProgramBuilder(2)
-    assert builder.add(_task("a")) == 0
-    assert builder.add(_task("b", 1, deps=(0,))) == 1
-    builder.add_link("nic0", 1e9)
-    builder.add_link("nic0", 1e9)
-    with pytest.raises(SimulationError, match="nic0"):
-        builder.add_link("nic0", 2e9)
-    program = builder.build(idle_power_w=[1.0, 2.0])
-    assert [t.name for t in program.tasks] == ["a", "b"]
-    assert program.link_bandwidth_bytes_per_s == {"nic0": 1e9}
-    assert program.idle_power_w == (1.0, 2.0)
 
 
 def test_freeze_packs_tasks_into_csr_arrays() -> None:
