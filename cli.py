@@ -1,9 +1,9 @@
-"""The `sim` command: a thin typer front end over trainsim's Python API.
+"""The `sim` command: a thin typer front end over trainsim's Python API (`trainsim.api`).
 
-Each command group lives next to the code it drives (`hwmodels/hw_commands.py`,
-`workloads/models_commands.py`, ...) and only loads inputs, calls one API function and renders
-the result. Any `TrainsimError` becomes one line on stderr and exit code 2, never a traceback.
-Heavy imports (numba, pandas, plotly) happen inside commands so `sim --help` stays fast.
+Each command group is a module of `commands/` that parses options, checks output paths, calls
+the API and renders the result. Any `TrainsimError` becomes one line on stderr and exit code 2,
+never a traceback. Heavy libraries (numba, pandas, plotly, torch) load only when a command
+needs them, so `sim --help` stays fast.
 """
 
 from __future__ import annotations
@@ -13,17 +13,20 @@ import sys
 
 import typer
 
+from trainsim.commands.energy import app as energy_app
+from trainsim.commands.hw import app as hw_app
+from trainsim.commands.models import app as models_app
+from trainsim.commands.output import EXIT_BAD_INPUT, error_line
+from trainsim.commands.search import search_command
+from trainsim.commands.simulate import simulate_command
+from trainsim.commands.validate import register as register_validation
 from trainsim.errors import TrainsimError
-from trainsim.hwmodels.hw_commands import app as hw_app
-from trainsim.search.energy_commands import app as energy_app
-from trainsim.search.search_commands import search_command
-from trainsim.simulator.simulate_command import simulate_command
-from trainsim.validate.commands import register as register_validation
-from trainsim.workloads.models_commands import app as models_app
 
 app = typer.Typer(
     name="sim",
-    help="trainsim: simulate distributed deep-learning training before renting GPUs.",
+    help="trainsim: simulate distributed deep-learning training before renting GPUs.\n\n"
+         "Exit codes: 0 ok; 1 a search found no plan that fits, or `sim validate` exceeded "
+         "--max-error; 2 bad input (one line naming it); 3 the plan does not fit in memory.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -36,12 +39,6 @@ app.command("search")(search_command)
 register_validation(app)
 
 
-def fail(message: str) -> None:
-    """Print one error line to stderr and exit with code 2."""
-    typer.echo(f"error: {message}", err=True)
-    raise SystemExit(2)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turning user errors into exit code 2."""
     if not sys.stdout.isatty():
@@ -49,13 +46,13 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault("COLUMNS", "200")
     try:
         app(args=argv, standalone_mode=True)
-    except TrainsimError as exc:
-        fail(str(exc))
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        fail(f"{exc.strerror}: {exc.filename}")
-    except UnicodeDecodeError as exc:
-        # A binary or wrongly encoded input file: readers open text as UTF-8.
-        fail(f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except (TrainsimError, OSError, UnicodeDecodeError) as exc:
+        # A backstop: commands turn user errors into one line themselves (user_errors).
+        line = error_line(exc)
+        if line is None:
+            raise
+        typer.echo(f"error: {line}", err=True)
+        raise SystemExit(EXIT_BAD_INPUT) from None
 
 
 if __name__ == "__main__":  # pragma: no cover

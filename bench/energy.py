@@ -10,7 +10,7 @@ the all-max iteration time vs the 1F1B replay, the intrinsic saving vs the Perse
 (Table 6, `PUBLISHED_INTRINSIC_PCT`) and the straggler savings vs all-max at slowdowns 1.0–1.5
 (no published figures for these profiles in shared/data/perseus: none shown beside them).
 
-Intrinsic saving, as Perseus computes it (search/energy_straggler.py): the frontier's fastest
+Intrinsic saving, as Perseus computes it (search/energy/straggler.py): the frontier's fastest
 plan at T_min vs all-max with its energy counted over T_min. The published figures are exactly
 that formula on Lowtime's fastest frontier row (A100: shared/data/perseus; A40:
 `LOWTIME_A40_FASTEST_ROW`), shown as `lowtime_pct`. Ours is shown in real time and energy
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainsim.search.energy_straggler import STRAGGLER_FACTORS
+from trainsim.search.energy.straggler import STRAGGLER_FACTORS
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "perseus"
 P_BLOCK_A100_W = 83.64  # Perseus-measured blocking power, shared/data/perseus/SOURCES.md
@@ -67,11 +67,11 @@ def lowtime_fastest_row(model: str, device: str, m: int) -> tuple[float, float] 
 
 def intrinsic_case(model: str, device: str, m: int) -> dict:
     """Our intrinsic saving vs the published one (module docstring: the conventions)."""
-    from trainsim.search.energy_baselines import all_max
-    from trainsim.search.energy_dag import build_dag
-    from trainsim.search.energy_frontier import compute_frontier, energy_at
-    from trainsim.search.energy_profile import load_perseus_csv
-    from trainsim.search.energy_straggler import intrinsic_saving
+    from trainsim.search.energy.baselines import all_max
+    from trainsim.search.energy.dag import build_dag
+    from trainsim.search.energy.frontier import compute_frontier, energy_at
+    from trainsim.search.energy.profile import load_perseus_csv
+    from trainsim.search.energy.straggler import intrinsic_saving
 
     p_block = P_BLOCK_W[device]
     prof = load_perseus_csv(DATA / "stage_profile" / f"{model}+{device}_bf16.csv",
@@ -169,12 +169,12 @@ def run_lowtime(csv_path: Path, m: int, p_block_w: float, budget_s: float,
 
 
 def bench_case(model: str, m: int, budget_s: float, with_lowtime: bool) -> dict:
-    from trainsim.search.energy_baselines import all_baselines
-    from trainsim.search.energy_dag import build_dag
-    from trainsim.search.energy_frontier import compute_frontier, energy_at
-    from trainsim.search.energy_profile import load_perseus_csv
-    from trainsim.search.energy_replay import replay
-    from trainsim.search.energy_straggler import intrinsic_saving, savings_table
+    from trainsim.search.energy.baselines import all_baselines
+    from trainsim.search.energy.dag import build_dag
+    from trainsim.search.energy.frontier import compute_frontier, energy_at
+    from trainsim.search.energy.profile import load_perseus_csv
+    from trainsim.search.energy.replay import replay
+    from trainsim.search.energy.straggler import intrinsic_saving, savings_table
 
     csv_path = DATA / "stage_profile" / f"{model}+a100_sxm_bf16.csv"
     prof = load_perseus_csv(csv_path, blocking_power_w=P_BLOCK_A100_W)
@@ -220,9 +220,9 @@ def bench_case(model: str, m: int, budget_s: float, with_lowtime: bool) -> dict:
 
 def _warm_up() -> None:
     """Compile the numba kernels (or load them from the cache) before anything is timed."""
-    from trainsim.search.energy_dag import build_dag
-    from trainsim.search.energy_frontier import compute_frontier
-    from trainsim.search.energy_profile import load_perseus_csv
+    from trainsim.search.energy.dag import build_dag
+    from trainsim.search.energy.frontier import compute_frontier
+    from trainsim.search.energy.profile import load_perseus_csv
     prof = load_perseus_csv(DATA / "stage_profile" / "gpt3-175b+a100_sxm_bf16.csv",
                             blocking_power_w=P_BLOCK_A100_W)
     compute_frontier(build_dag(prof, 2))

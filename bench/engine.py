@@ -114,28 +114,27 @@ def compare_engines(sizes: list[tuple[int, int]], with_gpt3: bool) -> list[dict[
 
 
 def _lower(model: str, cluster: str, plan: dict[str, Any], fold: bool) -> Any:
-    from trainsim.simulator.simulate import resolve_cluster, resolve_model
-    from trainsim.workloads.lowering import LoweringOptions, lower
-    from trainsim.workloads.plan import ParallelPlan
+    from trainsim import api
+    from trainsim.workloads.lowering import lower
 
-    spec, hw = resolve_model(model), resolve_cluster(cluster)
-    return lower(spec, hw, ParallelPlan.build(spec, hw, **plan), LoweringOptions(fold=fold))
+    spec, hw = api.load_model(model), api.load_cluster(cluster)
+    return lower(spec, hw, api.make_plan(spec, hw, plan),
+                 api.LoweringOptions(fold=fold))
 
 
 def run_case(model: str, cluster: str, plan: dict[str, Any], fold: bool) -> dict[str, Any]:
     """One iteration, timed per phase (run in a subprocess so peak RSS is its own)."""
+    from trainsim import api
     from trainsim.simulator.engine_numba import event_times
     from trainsim.simulator.result import build_result
-    from trainsim.simulator.simulate import resolve_cluster, resolve_model
-    from trainsim.workloads.lowering import LoweringOptions, lower
-    from trainsim.workloads.plan import ParallelPlan
+    from trainsim.workloads.lowering import lower
 
     _warm_up()
     rss_before = _peak_rss_bytes()
     t0 = time.perf_counter()
-    spec, hw = resolve_model(model), resolve_cluster(cluster)
-    checked = ParallelPlan.build(spec, hw, **plan)
-    program = lower(spec, hw, checked, LoweringOptions(fold=fold))
+    spec, hw = api.load_model(model), api.load_cluster(cluster)
+    checked = api.make_plan(spec, hw, plan)
+    program = lower(spec, hw, checked, api.LoweringOptions(fold=fold))
     t1 = time.perf_counter()
     frozen = program.freeze()
     t2 = time.perf_counter()

@@ -87,14 +87,15 @@ def run_case(model: Any, cluster: str, batch: int, limit_mb: float, budget_s: fl
     aceso's `search_s` is its own wall time (with `grid_start`, grid's best is a start it gets
     for free from the shared cache); `aceso_best_s` is when it found its best plan.
     """
-    from trainsim.search.aceso import AcesoPlanner
+    from trainsim.api import load_cluster, load_model
+    from trainsim.search.aceso.planner import AcesoPlanner
     from trainsim.search.grid import GridPlanner
     from trainsim.search.oracle import Oracle
     from trainsim.search.planner import BYTES_PER_MB, SearchSpec, run_search
 
-    oracle = Oracle(model, cluster)
+    oracle = Oracle(load_model(model), load_cluster(cluster))
     if profile is not None:
-        from trainsim.search.aceso_profile import aceso_lowering_options
+        from trainsim.search.aceso.profile import aceso_lowering_options
         extra = {"size": profile_size} if profile_size else {}
         oracle.options = aceso_lowering_options(profile, oracle.model, **extra)
     spec = SearchSpec(model=oracle.model, cluster=oracle.cluster, global_batch=batch,
@@ -184,7 +185,7 @@ def growth_exponent(xs: list[float], ys: list[float]) -> float | None:
 def roofline_error_rows(folder: Path) -> list[dict]:
     """Median |error| and whole-model error of the roofline vs Aceso's tp=1 measurements."""
     from trainsim.hwmodels.gpus import get_gpu
-    from trainsim.search.aceso_profile import load_aceso_profile, roofline_error
+    from trainsim.search.aceso.profile import load_aceso_profile, roofline_error
     from trainsim.workloads.zoo import get_model
 
     prof = load_aceso_profile(folder)

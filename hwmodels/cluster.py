@@ -156,7 +156,11 @@ class Cluster:
     def __post_init__(self) -> None:
         if not self.node_groups:
             raise SpecError("cluster: node_groups is empty; give at least one node group")
-        rank_node, rank_local, node_group, first, node_links = [], [], [], [], []
+        rank_node: list[int] = []
+        rank_local: list[int] = []
+        node_group: list[int] = []
+        first: list[int] = []
+        node_links: list[NodeLinks] = []
         for gi, group in enumerate(self.node_groups):
             for _ in range(group.nodes):
                 node = len(node_group)
@@ -288,7 +292,8 @@ class Cluster:
                 "intra_node_bytes_per_s": min((x.bandwidth_bytes_per_s for x in intra), default=None),
                 "nic": f"{g.nics_per_node}x{g.nic.name}",
                 "nic_bytes_per_s": nl.nic_out.bandwidth_bytes_per_s,
-                "peak_fp16_flops": g.num_gpus * g.gpu.peak_flops("fp16"),
+                "peak_fp16_flops": (g.num_gpus * g.gpu.peak_flops("fp16")
+                                    if "fp16" in g.gpu.dtypes else None),
                 "price_per_gpu_hour_usd": g.price_per_gpu_hour_usd,
                 "price_per_hour_usd": g.num_gpus * g.price_per_gpu_hour_usd,
                 "price_source": g.price_source,

@@ -12,11 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from trainsim.errors import DataFileError
 from trainsim.hwmodels.datafiles import GB_BYTES, GBIT_BYTES, check_keys, load_json, number, unknown
 from trainsim.hwmodels.gpus import GpuSpec
+
+_T = TypeVar("_T")
 
 INTRA_NODE_KINDS = ("nvswitch", "nvlink_mesh", "pcie")
 """How GPUs inside a node reach each other."""
@@ -176,7 +178,7 @@ def _nics() -> dict[str, NicSpec]:
     return out
 
 
-def _lookup(kind: str, name: str, table: Mapping[str, Any]) -> Any:
+def _lookup(kind: str, name: str, table: Mapping[str, _T]) -> _T:
     if name in table:
         return table[name]
     lowered = {k.lower(): k for k in table}

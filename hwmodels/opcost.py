@@ -118,7 +118,7 @@ class _Curve:
 
     def many(self, x: np.ndarray) -> np.ndarray:
         """Vectorised lookup with numpy.interp (x > 0)."""
-        return np.interp(np.log10(x), self.log_x, self.y)
+        return np.asarray(np.interp(np.log10(x), self.log_x, self.y))
 
 
 @cache

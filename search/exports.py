@@ -6,7 +6,7 @@
   ``model_parallel_size_of_each_op`` / ``data_parallel_size_of_each_op`` (per stage, per op),
   ``recompute_ops`` (per stage, per op, 0/1), ``algo_of_each_op``, ``checkpoint_activations``,
   ``resharding_stages``, ``micro_batch_size``, ``global_batch_size`` (key names from Aceso's
-  runtime FlexModelConfig). Ops are Aceso's op names in model order (search/aceso_profile.py's
+  runtime FlexModelConfig). Ops are Aceso's op names in model order (search/aceso/profile.py's
   map); a stage boundary falls between layers. Per-op degrees (`op_tp`/`stage_op_tp`) fill
   the per-op tp/dp lists (dp = stage GPUs / tp); ``resharding_stages[s]`` says whether stage
   s's ops differ in tp or dp (so Aceso's runtime inserts resharding between them), as Aceso's
@@ -25,16 +25,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from trainsim.errors import SpecError
-from trainsim.search.aceso_profile import aceso_family, aceso_size, layer_op_map
+from trainsim.hwmodels.cluster import Cluster
+from trainsim.search.aceso.profile import aceso_family, aceso_size, layer_op_map
+from trainsim.search.planner import SearchResult
+from trainsim.workloads.model import ModelSpec, build_graph
+from trainsim.workloads.plan import ParallelPlan
 
 
-def _stage_ops(plan: Any, model: Any) -> list[list[tuple[str, list[str], bool]]]:
+def _stage_ops(plan: ParallelPlan, model: ModelSpec
+               ) -> list[list[tuple[str, list[str], bool]]]:
     """Per stage: (Aceso op name, zoo op names, is in a recomputable block) in model order."""
-    from trainsim.workloads.model import build_graph
-
     graph = build_graph(model, 1)
     counts = plan.layers_per_stage(len(graph.transformer_layers()))
     out: list[list[tuple[str, list[str], bool]]] = [[] for _ in counts]
@@ -62,10 +66,9 @@ def _recomputed(policy: str | tuple[str, ...], zoo: list[str], in_block: bool,
     return any(z in names for z in zoo)
 
 
-def to_aceso_config(plan: Any, model: Any, cluster: Any | None = None) -> dict[str, Any]:
+def to_aceso_config(plan: ParallelPlan, model: ModelSpec, cluster: Cluster | None = None
+                    ) -> dict[str, Any]:
     """Aceso's runtime config for `plan` (module docstring)."""
-    from trainsim.workloads.model import build_graph
-
     graph = build_graph(model, 1)
     selective = {op.name for la in graph.layers for op in la.ops if op.selective_recompute}
     stage_ops = _stage_ops(plan, model)
@@ -98,7 +101,7 @@ def to_aceso_config(plan: Any, model: Any, cluster: Any | None = None) -> dict[s
     }
 
 
-def from_aceso_config(config: dict[str, Any], model: Any) -> dict[str, Any]:
+def from_aceso_config(config: dict[str, Any], model: ModelSpec) -> dict[str, Any]:
     """ParallelPlan fields from an Aceso config (stage_gpus/stage_tp/stage_layers/
     stage_recompute form).
 
@@ -106,8 +109,6 @@ def from_aceso_config(config: dict[str, Any], model: Any) -> dict[str, Any]:
         SpecError: a key is missing, an op's tp and dp do not multiply to the stage's GPUs,
             one op name has two degrees in one stage, or the op counts do not match the model.
     """
-    from trainsim.workloads.model import build_graph
-
     for key in ("num_stages", "num_gpus", "num_ops_in_each_stage",
                 "model_parallel_size_of_each_op", "recompute_ops", "micro_batch_size",
                 "global_batch_size"):
@@ -129,7 +130,8 @@ def from_aceso_config(config: dict[str, Any], model: Any) -> dict[str, Any]:
         raise SpecError(f"Aceso config num_ops_in_each_stage={counts} (sum {sum(counts)}) does "
                         f"not match {model.name}'s {len(flat)} ops in {pp} stages")
     selective = {op.name for la in graph.layers for op in la.ops if op.selective_recompute}
-    stage_layers, stage_tp, stage_rc, stage_op_tp = [], [], [], []
+    stage_layers, stage_tp, stage_op_tp = [], [], []
+    stage_rc: list[str | list[str]] = []
     start = 0
     for s in range(pp):
         ops = flat[start:start + counts[s]]
@@ -182,7 +184,7 @@ def _stage_degrees(config: dict[str, Any], s: int, ops: list[tuple[str, list[str
     return out
 
 
-def is_uniform(plan: Any, num_layers: int) -> bool:
+def is_uniform(plan: ParallelPlan, num_layers: int) -> bool:
     """One tp, one dp, one recompute policy (none/selective/full), an even layer split and
     no per-op degrees."""
     pp = plan.pp
@@ -196,14 +198,12 @@ def is_uniform(plan: Any, num_layers: int) -> bool:
             and max(layers) - min(layers) == 0 and plan.virtual_stages == 1)
 
 
-def to_megatron_flags(plan: Any, model: Any) -> str:
+def to_megatron_flags(plan: ParallelPlan, model: ModelSpec) -> str:
     """Megatron-LM command-line flags of a uniform plan.
 
     Raises:
         SpecError: the plan is not uniform (Megatron-LM runs one tp/dp and an even split).
     """
-    from trainsim.workloads.model import build_graph
-
     blocks = len(build_graph(model, 1).transformer_layers())
     if not is_uniform(plan, blocks):
         per_op = [s for s in range(plan.pp) if plan.has_op_tp(s)]
@@ -231,3 +231,32 @@ def to_megatron_flags(plan: Any, model: Any) -> str:
 
 
 __all__ = ["from_aceso_config", "is_uniform", "to_aceso_config", "to_megatron_flags"]
+
+
+SEARCH_OUTPUT_FILES = ("best_plan.json", "aceso_config.json", "megatron_flags.txt",
+                       "ranked.json", "search_log.json")
+"""What `sim search --out DIR` writes."""
+
+
+def search_output_files(result: SearchResult, model: ModelSpec, cluster: Cluster
+                        ) -> dict[str, str]:
+    """The text of each file a search writes: ranked.json and search_log.json always; with a
+    best plan also best_plan.json, aceso_config.json and megatron_flags.txt (a comment line
+    for a non-uniform plan). No wall-clock figures (elapsed_s, search_s): the same search
+    writes the same bytes."""
+    data = result.to_dict()
+    files = {"ranked.json": json.dumps(data["ranked"], indent=2, sort_keys=True) + "\n",
+             "search_log.json": json.dumps([r.to_dict(timing=False) for r in result.log],
+                                           indent=2, sort_keys=True) + "\n"}
+    best = result.best
+    if best is None or best.plan is None:
+        return files
+    files["best_plan.json"] = best.plan.to_json()
+    config = to_aceso_config(best.plan, model, cluster)
+    files["aceso_config.json"] = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    try:
+        flags = to_megatron_flags(best.plan, model)
+    except SpecError as exc:
+        flags = f"# not a uniform plan: {exc}"
+    files["megatron_flags.txt"] = flags + "\n"
+    return files

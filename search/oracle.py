@@ -1,6 +1,6 @@
 """The Oracle: what every planner asks — "what does this plan cost?" — answered once per plan.
 
-`Oracle(model, cluster)` lowers a candidate ParallelPlan (workloads/lowering.py), runs it on the
+`Oracle(model, cluster)` lowers a candidate ParallelPlan (workloads/lowering/), runs it on the
 fast engine (simulator/engine_numba.py, the reference's twin) and keeps a `Summary` of what
 planners rank on: iteration time, throughput, MFU, peak memory per rank and OOM, energy, cost
 in dollars from the cluster's prices, and per-stage busy time for bottleneck analysis
@@ -18,19 +18,18 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from trainsim.errors import PlanError, SimulationError, TrainsimError, unknown_name
-
-if TYPE_CHECKING:
-    from trainsim.hwmodels.cluster import Cluster
-    from trainsim.simulator.program import FrozenProgram
-    from trainsim.simulator.result import SimResult
-    from trainsim.workloads.lowering import LoweringOptions
-    from trainsim.workloads.model import ModelSpec
-    from trainsim.workloads.plan import ParallelPlan
+from trainsim.errors import PlanError, SimulationError, TrainsimError
+from trainsim.hwmodels.cluster import Cluster
+from trainsim.simulator.engines import check_engine, run_program
+from trainsim.simulator.program import FrozenProgram
+from trainsim.simulator.result import SimResult
+from trainsim.workloads.lowering import LoweringOptions, lower
+from trainsim.workloads.model import ModelSpec
+from trainsim.workloads.plan import ParallelPlan
 
 #: Seconds per hour, to turn a price per hour into a price per iteration.
 SECONDS_PER_HOUR = 3600.0
@@ -179,14 +178,14 @@ class Oracle:
     """Lower + fast engine + cache for one model on one cluster.
 
     Args:
-        model: Zoo name, model file path, or ModelSpec.
-        cluster: Cluster spec (e.g. "2x8xA100-SXM4-80GB"), YAML path, or Cluster.
+        model: The model (names and files are resolved above, by `trainsim.api.load_model`).
+        cluster: The cluster (`trainsim.api.load_cluster` resolves specs and YAML files).
         engine: "numba" (default) or "simpy" (the reference, for cross-checks).
         options: Lowering options (folding on by default, what-if switches).
     """
 
-    model: str | ModelSpec
-    cluster: str | Cluster
+    model: ModelSpec
+    cluster: Cluster
     engine: str = "numba"
     options: LoweringOptions | None = None
     stats: OracleStats = field(default_factory=OracleStats)
@@ -194,27 +193,27 @@ class Oracle:
 
     def __init__(
         self,
-        model: str | ModelSpec,
-        cluster: str | Cluster,
+        model: ModelSpec,
+        cluster: Cluster,
         *,
         engine: str = "numba",
         options: LoweringOptions | None = None,
     ) -> None:
-        from trainsim.simulator.simulate import ENGINES, resolve_cluster, resolve_model
-
-        if engine not in ENGINES:
-            raise TrainsimError(str(unknown_name("engine", engine, ENGINES)))
-        self.model = resolve_model(model)
-        self.cluster = resolve_cluster(cluster)
-        self.engine = engine
+        self.engine = check_engine(engine)
+        if not isinstance(model, ModelSpec):
+            raise TrainsimError(f"oracle: model={model!r} must be a ModelSpec (resolve names "
+                                "with trainsim.api.load_model)")
+        if not isinstance(cluster, Cluster):
+            raise TrainsimError(f"oracle: cluster={cluster!r} must be a Cluster (resolve specs "
+                                "with trainsim.api.load_cluster)")
+        self.model = model
+        self.cluster = cluster
         self.options = options
         self.stats = OracleStats()
         self._cache = {}
 
     def plan(self, plan: ParallelPlan | Mapping[str, Any]) -> ParallelPlan:
         """The checked ParallelPlan for `plan` (a plan, or a dict of its fields)."""
-        from trainsim.workloads.plan import ParallelPlan
-
         if isinstance(plan, ParallelPlan):
             plan.check(self.model, self.cluster)
             return plan
@@ -228,16 +227,12 @@ class Oracle:
 
     def _run(self, plan: ParallelPlan) -> tuple[SimResult, FrozenProgram]:
         """Lower, freeze once, run on the Oracle's engine."""
-        from trainsim.workloads.lowering import lower
-
         program = lower(self.model, self.cluster, plan, self.options)
         frozen = program.freeze()
         if self.engine == "numba":
-            from trainsim.simulator.engine_numba import run_numba
+            from trainsim.simulator.engine_numba import run_numba  # deferred: start-up time (numba)
 
             return run_numba(program, frozen=frozen), frozen
-        from trainsim.simulator.simulate import run_program
-
         return run_program(program, engine=self.engine), frozen
 
     def evaluate(self, plan: ParallelPlan | Mapping[str, Any]) -> Summary:
@@ -254,7 +249,7 @@ class Oracle:
             self.stats.cache_hits += 1
             return cached
         result, frozen = self._run(checked)
-        price = self.cluster.price_per_hour_usd  # type: ignore[union-attr]
+        price = self.cluster.price_per_hour_usd
         summary = summarize(result, key, price, frozen=frozen)
         self.stats.simulated += 1
         self._cache[key] = summary

@@ -18,17 +18,18 @@ objective, then over-memory ones by how far over the limit they are, then broken
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol, cast
 
 from trainsim.errors import PlanError, SimulationError, SpecError, unknown_name
+from trainsim.hwmodels.cluster import Cluster
 from trainsim.search.oracle import Oracle, Summary, _key_of
-
-if TYPE_CHECKING:
-    from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.model import ModelSpec
+from trainsim.workloads.plan import ParallelPlan
 
 OBJECTIVES = ("throughput", "cost", "energy")
 """What a search optimises."""
@@ -41,10 +42,10 @@ BYTES_PER_MB = 1e6
 class SearchSpec:
     """What every planner is asked: the workload, the cluster and the limits."""
 
-    model: Any
-    """Zoo name, model file path or ModelSpec."""
-    cluster: Any
-    """Cluster spec string, YAML path or Cluster."""
+    model: ModelSpec
+    """The model (names and files are resolved above, by `trainsim.api.load_model`)."""
+    cluster: Cluster
+    """The cluster (`trainsim.api.load_cluster` resolves specs and YAML files)."""
     global_batch: int
     """Samples per iteration (fixed: every candidate keeps it)."""
     memory_limit_bytes: float | None = None
@@ -232,13 +233,13 @@ class SearchState:
         self._seen: dict[str, SearchRecord] = {}
 
     @property
-    def model(self) -> Any:
-        """The resolved ModelSpec."""
+    def model(self) -> ModelSpec:
+        """The model the Oracle costs plans of."""
         return self.oracle.model
 
     @property
-    def cluster(self) -> Any:
-        """The resolved Cluster."""
+    def cluster(self) -> Cluster:
+        """The cluster the Oracle costs plans on."""
         return self.oracle.cluster
 
     def elapsed_s(self) -> float:
@@ -303,7 +304,10 @@ class SearchState:
 class Planner(Protocol):
     """A planner: a name and a generator of one record per evaluated plan."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """Planner name in results."""
+        ...
 
     def steps(self, state: SearchState) -> Iterator[SearchRecord]:
         """Propose plans through `state.evaluate`, yielding each record; stop when done or
@@ -329,17 +333,24 @@ def run_search(planner: Planner, spec: SearchSpec, *, oracle: Oracle | None = No
     return state.result(planner.name, interrupted)
 
 
+PLANNERS: dict[str, str] = {
+    "grid": "trainsim.search.grid:GridPlanner",
+    "aceso": "trainsim.search.aceso.planner:AcesoPlanner",
+}
+"""Search method -> "module:class" of its planner. The planners import this frame (records,
+state, scoring), so the frame names them by path and imports one only when it is asked for:
+the dependency runs one way, from each planner package to the frame."""
+
+
 def get_planner(method: str, **options: Any) -> Planner:
-    """The planner named `method` ("grid" or "aceso")."""
-    if method == "grid":
-        from trainsim.search.grid import GridPlanner
-        return GridPlanner(**options)
-    if method == "aceso":
-        from trainsim.search.aceso import AcesoPlanner
-        return AcesoPlanner(**options)
-    raise SpecError(str(unknown_name("search method", method, ("grid", "aceso"))))
+    """The planner named `method` (a key of PLANNERS: "grid" or "aceso")."""
+    if method not in PLANNERS:
+        raise SpecError(str(unknown_name("search method", method, tuple(PLANNERS))))
+    module, _, name = PLANNERS[method].partition(":")
+    factory = getattr(importlib.import_module(module), name)
+    return cast(Planner, factory(**options))
 
 
-__all__ = ["BYTES_PER_MB", "OBJECTIVES", "Planner", "SearchRecord", "SearchResult",
+__all__ = ["BYTES_PER_MB", "OBJECTIVES", "PLANNERS", "Planner", "SearchRecord", "SearchResult",
            "SearchSpec", "SearchState", "fits", "get_planner", "memory_ratio",
            "objective_score", "run_search", "search_key"]

@@ -29,6 +29,8 @@ ActionKind: TypeAlias = Literal["F", "B", "I", "W"]
 ACTION_KINDS: tuple[ActionKind, ...] = ("F", "B", "I", "W")
 
 _ACTION_RE = re.compile(r"^(\d+)([FBIW])(\d+)$")
+# workloads/plan_fields.py states this grammar again for a plan's action keys (workloads sit
+# below the simulator); tests/simulator/test_actions.py holds the two equal.
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -10,8 +10,8 @@ Follows the Trace Event Format (Google, "Trace Event Format" document): the JSON
   `process_sort_index` / `thread_sort_index` so ranks and streams keep their order;
 * counter events (`ph: "C"`): `memory` (bytes) and `power` (W) per rank, one per instant.
 
-GPU names come from `program.metadata["gpu_names"]` (one per program rank) or
-`program.metadata["gpu_name"]` (all ranks). Output is deterministic: events in a fixed order and
+GPU names come from `program.info.gpu_names` (one per program rank) or `program.info.gpu_name`
+(all ranks). Output is deterministic: events in a fixed order and
 keys sorted, so the same result always gives byte-identical JSON.
 """
 
@@ -32,12 +32,12 @@ def _us(seconds: float) -> float:
 
 
 def gpu_name(result: SimResult, program_rank: int) -> str | None:
-    """The GPU type of a program rank, if the program's metadata says."""
-    meta = result.program.metadata
-    names = meta.get("gpu_names")
+    """The GPU type of a program rank, if the program's info says."""
+    info = result.program.info
+    names = info.gpu_names
     if names is not None and program_rank < len(names):
         return str(names[program_rank])
-    name = meta.get("gpu_name")
+    name = info.gpu_name
     return None if name is None else str(name)
 
 

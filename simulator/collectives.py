@@ -51,9 +51,16 @@ from trainsim.errors import SpecError, unknown_name
 
 
 class _Link(Protocol):
-    link_id: str
-    bandwidth_bytes_per_s: float
-    latency_s: float
+    """What collectives read of a link (`trainsim.hwmodels.topology.Link`)."""
+
+    @property
+    def link_id(self) -> str: ...
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float: ...
+
+    @property
+    def latency_s(self) -> float: ...
 
 
 class ClusterTopology(Protocol):
@@ -213,7 +220,7 @@ def _phase(name: str, ranks: tuple[int, ...], steps: int, transfers: Sequence[Tr
     path_of = cluster.path
     for src, dst, size in transfers:
         path = path_of(src, dst)
-        latency = 0
+        latency = 0.0
         for link in path:
             latency += float(link.latency_s)
             link_id = link.link_id

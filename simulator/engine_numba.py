@@ -34,6 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from trainsim.errors import SimulationError
+from trainsim.simulator.engine_simpy import deadlock_error
 from trainsim.simulator.event_loop_numba import (
     ST_ENDED,
     STATE_SIZE,
@@ -145,7 +146,7 @@ def run_numba(
     """
     if isinstance(program, FrozenProgram):
         raise SimulationError(
-            "run_numba needs the Program (task names, metadata) to build a SimResult; pass "
+            "run_numba needs the Program (task names, info) to build a SimResult; pass "
             "run_numba(program, frozen=frozen), or use event_times(frozen) for start/end arrays"
         )
     fp = frozen if frozen is not None else program.freeze()
@@ -156,7 +157,5 @@ def run_numba(
         )
     start, end = event_times(fp, on_progress=on_progress)
     if fp.num_tasks and np.isnan(end).any():
-        from trainsim.simulator.engine_simpy import deadlock_error
-
         raise deadlock_error(program, ~np.isnan(end))
     return build_result(program, start, end, engine="numba", frozen=fp)

@@ -15,8 +15,9 @@ one wait cycle), so it is shared with any other engine.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simpy
@@ -142,7 +143,8 @@ def run_simpy(
     done_count = [0]
     report_every = max(n // 100, 1)
 
-    def run_task(tid: int):  # the leader's part: wait, hold, transfer, end
+    # the leader's part: wait, hold, transfer, end
+    def run_task(tid: int) -> Generator[Any, Any, None]:
         task = tasks[tid]
         waits = [ended[d] for d in task.deps if not ended[d].triggered]
         waits += [ev for ev in arrived[tid] if not ev.triggered]
@@ -159,7 +161,7 @@ def run_simpy(
         if on_progress is not None and done_count[0] % report_every == 0:
             on_progress(done_count[0], n)
 
-    def stream(rank: int, queue: list[int]):  # one (rank, stream) FIFO
+    def stream(rank: int, queue: list[int]) -> Generator[Any, Any, None]:  # a (rank, stream) FIFO
         for tid in queue:
             member = tasks[tid].ranks.index(rank)
             if member == 0:

@@ -20,20 +20,39 @@ State slots (`state[...]`):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import numba
+import numpy as np
+import numpy.typing as npt
 
 ST_NOW, ST_UPDATED, ST_WAKE, ST_NEXT_END, ST_DIRTY, ST_HEAP, ST_ACTIVE, ST_READY, ST_ENDED = (
     range(9)
 )
 STATE_SIZE = 9
 
-_jit = numba.njit(cache=True, nogil=True)
-_jit_inline = numba.njit(cache=True, nogil=True, inline="always")
+F64 = npt.NDArray[np.float64]
+"""A float64 array (times, bytes, rates, the state slots)."""
+I64 = npt.NDArray[np.int64]
+"""An int64 array (task ids, CSR pointers, counters)."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _jit(fn: _F) -> _F:
+    """`numba.njit(cache=True, nogil=True)`, typed: the compiled function keeps `fn`'s
+    signature for the type checker (numba has no type hints of its own)."""
+    return cast(_F, numba.njit(cache=True, nogil=True)(fn))
+
+
+def _jit_inline(fn: _F) -> _F:
+    """As `_jit`, inlined into its callers (`inline="always"`)."""
+    return cast(_F, numba.njit(cache=True, nogil=True, inline="always")(fn))
 
 
 @_jit_inline
-def _heap_push(heap_time, heap_task, size, time, task):
+def _heap_push(heap_time: F64, heap_task: I64, size: int, time: float, task: int) -> int:
     """Sift (time, task) up into the min-heap of `size` entries; return the new size."""
     i = size
     while i > 0:
@@ -50,7 +69,7 @@ def _heap_push(heap_time, heap_task, size, time, task):
 
 
 @_jit_inline
-def _heap_pop(heap_time, heap_task, size):
+def _heap_pop(heap_time: F64, heap_task: I64, size: int) -> int:
     """Remove the root of the heap (caller read it); return the new size."""
     size -= 1
     if size == 0:
@@ -80,7 +99,7 @@ def _heap_pop(heap_time, heap_task, size):
 
 
 @_jit_inline
-def _drain(state, act_rem, act_rate, now):
+def _drain(state: F64, act_rem: F64, act_rate: F64, now: float) -> None:
     """Remaining bytes fall linearly at the current rates up to `now` (clamped at zero)."""
     elapsed = now - state[ST_UPDATED]
     if elapsed > 0:
@@ -91,7 +110,8 @@ def _drain(state, act_rem, act_rate, now):
 
 
 @_jit
-def _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandwidth):
+def _replan(state: F64, act_task: I64, act_rem: F64, act_rate: F64, users: I64, link_ptr: I64,
+            link_idx: I64, bandwidth: F64) -> None:
     """Equal-share rates (min over links of bandwidth / users) and the next wake-up."""
     state[ST_DIRTY] = 0.0
     count = int(state[ST_ACTIVE])
@@ -118,9 +138,9 @@ def _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandw
 
 @_jit_inline
 def _end_task(
-    e, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
-    succ_ptr, succ_idx, wait, end, stack, state,
-):
+    e: int, now: float, member_ptr: I64, member_queue: I64, member_pos: I64, queue_ptr: I64,
+    queue_task: I64, succ_ptr: I64, succ_idx: I64, wait: I64, end: F64, stack: I64, state: F64,
+) -> None:
     """Task `e` ends now: free its streams and its dependants; queue what became ready."""
     end[e] = now
     state[ST_ENDED] += 1.0
@@ -144,7 +164,8 @@ def _end_task(
 
 
 @_jit_inline
-def _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate, users, state):
+def _start_transfer(t: int, now: float, comm: F64, link_ptr: I64, link_idx: I64, act_task: I64,
+                    act_rem: F64, act_rate: F64, users: I64, state: F64) -> None:
     """Task `t` enters its transfer phase now with all its bytes left."""
     _drain(state, act_rem, act_rate, now)
     k = int(state[ST_ACTIVE])
@@ -159,10 +180,12 @@ def _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rat
 
 @_jit
 def init_state(
-    duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
-    succ_ptr, succ_idx, link_ptr, link_idx, bandwidth,
-    wait, start, end, heap_time, heap_task, act_task, act_rem, act_rate, users, stack, done_buf, state,
-):
+    duration: F64, comm: F64, member_ptr: I64, member_queue: I64, member_pos: I64,
+    queue_ptr: I64, queue_task: I64, succ_ptr: I64, succ_idx: I64, link_ptr: I64,
+    link_idx: I64, bandwidth: F64, wait: I64, start: F64, end: F64, heap_time: F64,
+    heap_task: I64, act_task: I64, act_rem: F64, act_rate: F64, users: I64, stack: I64,
+    done_buf: I64, state: F64,
+) -> None:
     """Count each queue's head as arrived and stack the tasks ready at time 0."""
     for q in range(len(queue_ptr) - 1):
         if queue_ptr[q + 1] > queue_ptr[q]:
@@ -180,11 +203,12 @@ def init_state(
 
 @_jit
 def advance(
-    duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
-    succ_ptr, succ_idx, link_ptr, link_idx, bandwidth,
-    wait, start, end, heap_time, heap_task, act_task, act_rem, act_rate, users, stack, done_buf, state,
-    budget,
-):
+    duration: F64, comm: F64, member_ptr: I64, member_queue: I64, member_pos: I64,
+    queue_ptr: I64, queue_task: I64, succ_ptr: I64, succ_idx: I64, link_ptr: I64,
+    link_idx: I64, bandwidth: F64, wait: I64, start: F64, end: F64, heap_time: F64,
+    heap_task: I64, act_task: I64, act_rem: F64, act_rate: F64, users: I64, stack: I64,
+    done_buf: I64, state: F64, budget: int | np.int64,
+) -> None:
     """Run events until `budget` more tasks have ended or nothing is left to run.
 
     Each round first starts every task that became ready at the current instant (a zero-length

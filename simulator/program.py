@@ -54,8 +54,9 @@ Python object per task, for compiled engines.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -98,6 +99,50 @@ def _per_rank(
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ProgramInfo:
+    """What a Program stands for: the facts results and exporters read beside its tasks.
+
+    Every field is optional (None: unknown, and whatever needs it reports None). Lowering
+    (workloads/lowering/) fills the model, plan, throughput, peak and price fields; a program
+    built some other way says where it comes from (`source`, `planner`, `generator`, `seed`).
+    """
+
+    model: str | None = None
+    """Model name (the timeline's title)."""
+    plan: Mapping[str, Any] | None = None
+    """The parallel plan the program was lowered from, as `ParallelPlan.to_dict()`."""
+    global_batch: int | None = None
+    """Samples per iteration: `SimResult.samples_per_s = global_batch / iteration_time_s`."""
+    seq_len: int | None = None
+    """Sequence length (of the first micro-batch): tokens = global_batch × seq_len when
+    `tokens_per_iteration` is not given."""
+    tokens_per_iteration: float | None = None
+    """Tokens per iteration over all replicas (`SimResult.tokens_per_s`)."""
+    model_flops_per_iteration: float | None = None
+    """Model FLOPs of one iteration over all GPUs, not counting recompute (MFU's numerator;
+    see result.py)."""
+    peak_flops_per_rank: float | tuple[float, ...] | None = None
+    """Peak FLOP/s: one figure for every physical GPU, or one per program rank (applying to
+    each physical rank it represents)."""
+    gpu_names: tuple[str, ...] | None = None
+    """GPU type of each program rank (Chrome trace process names)."""
+    gpu_name: str | None = None
+    """GPU type of every rank, where `gpu_names` is not given."""
+    folded: bool | None = None
+    """True when a program rank stands for several identical GPUs (`Program.represents`)."""
+    price_per_hour_usd: float | None = None
+    """What the GPUs the program runs on cost per hour (`SimResult.cost_usd`)."""
+    source: str | None = None
+    """Where a program not lowered from a model comes from (a profile, a file)."""
+    planner: str | None = None
+    """The planner that built the program, if one did."""
+    generator: str | None = None
+    """The generator of a synthetic program (tests: "random_program")."""
+    seed: int | None = None
+    """The seed of a synthetic program."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Program:
     """One iteration as tasks on per-rank streams; see the module docstring for semantics."""
 
@@ -119,13 +164,16 @@ class Program:
     """Streams whose tasks' power_w counts toward energy (communication usually overlaps)."""
     represents: Sequence[tuple[int, ...]] = ()
     """Per program rank, the physical ranks it stands for (folding); empty = identity."""
-    metadata: dict = field(default_factory=dict)
-    """Free-form: model, plan, global_batch, seq_len, model_flops_per_iteration,
-    peak_flops_per_rank, gpu_names, ... (see result.py for the keys read there)."""
+    info: ProgramInfo = field(default_factory=ProgramInfo)
+    """What the program stands for: model, plan, batch, FLOPs, GPUs, price (`ProgramInfo`)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.num_ranks, bool) or not isinstance(self.num_ranks, int):
             raise SimulationError(f"program: num_ranks={self.num_ranks!r} must be an integer")
+        if not isinstance(self.info, ProgramInfo):
+            raise SimulationError(
+                f"program: info must be a ProgramInfo, not {type(self.info).__name__}"
+            )
         if self.num_ranks < 1:
             raise SimulationError(f"program: num_ranks={self.num_ranks} must be >= 1")
         if not isinstance(self.tasks, (list, TaskTable)):
@@ -373,6 +421,7 @@ class FrozenProgram:
         key = member_rank.astype(np.int64) * num_streams + member_stream
         order = np.lexsort((member_task, key))
         sorted_key = key[order]
+        starts: np.ndarray | list[int]
         starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if n else []
         queue_ptr = np.r_[np.asarray(starts, dtype=np.int64), len(sorted_key)].astype(np.int64)
         queue_task = member_task[order]

@@ -18,7 +18,8 @@ import random
 from dataclasses import replace
 
 from trainsim.errors import SimulationError
-from trainsim.simulator.program import Program, Task
+from trainsim.simulator.program import Program, ProgramInfo
+from trainsim.simulator.task import Task
 
 _STREAMS = ("compute", "tp", "pp", "dp", "aux")
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -128,7 +129,7 @@ def random_program(
             [] if memory_capacity_bytes is None else [memory_capacity_bytes] * num_ranks
         ),
         idle_power_w=[float(rng.choice((30, 60))) for _ in range(num_ranks)],
-        metadata={"generator": "random_program", "seed": seed},
+        info=ProgramInfo(generator="random_program", seed=seed),
     )
 
 

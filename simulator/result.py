@@ -6,7 +6,8 @@ those two arrays and the Program, so every engine reports identically given iden
 The accounting rules (order of memory events at one instant, the energy formula) are stated in
 program.py's module docstring.
 
-Throughput and MFU read these `Program.metadata` keys when present (else they are None):
+Throughput, MFU and cost read these `Program.info` (`ProgramInfo`) fields when set (else they
+are None):
 
 * ``global_batch`` — samples per iteration: ``samples_per_s = global_batch / iteration_time_s``.
 * ``tokens_per_iteration`` — tokens per iteration; defaults to ``global_batch × seq_len`` (so
@@ -18,6 +19,8 @@ Throughput and MFU read these `Program.metadata` keys when present (else they ar
 * ``peak_flops_per_rank`` — a number (every physical GPU) or a list per program rank (applying
   to each physical rank it represents):
   ``mfu = model_flops_per_iteration / (iteration_time_s × Σ peak over physical ranks)``.
+* ``price_per_hour_usd`` — the cluster's price: ``cost_usd = price_per_hour_usd ×
+  iteration_time_s / 3600``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from trainsim.simulator.program import FrozenProgram, Program
 
 if TYPE_CHECKING:
     import pandas as pd
+
+SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,29 +117,29 @@ class SimResult:
 
     @property
     def samples_per_s(self) -> float | None:
-        """Samples per second (needs metadata global_batch)."""
-        batch = self.program.metadata.get("global_batch")
+        """Samples per second (needs info.global_batch)."""
+        batch = self.program.info.global_batch
         if batch is None or self.iteration_time_s <= 0:
             return None
         return float(batch) / self.iteration_time_s
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Tokens per second (metadata tokens_per_iteration, or global_batch × seq_len)."""
-        meta = self.program.metadata
-        tokens = meta.get("tokens_per_iteration")
-        if tokens is None and meta.get("global_batch") is not None and meta.get("seq_len"):
-            tokens = float(meta["global_batch"]) * float(meta["seq_len"])
+        """Tokens per second (info.tokens_per_iteration, or global_batch × seq_len)."""
+        info = self.program.info
+        tokens = info.tokens_per_iteration
+        if tokens is None and info.global_batch is not None and info.seq_len:
+            tokens = float(info.global_batch) * float(info.seq_len)
         if tokens is None or self.iteration_time_s <= 0:
             return None
         return float(tokens) / self.iteration_time_s
 
     @property
     def mfu(self) -> float | None:
-        """Model FLOPs utilisation (metadata model_flops_per_iteration, peak_flops_per_rank)."""
-        meta = self.program.metadata
-        flops = meta.get("model_flops_per_iteration")
-        peak = meta.get("peak_flops_per_rank")
+        """Model FLOPs utilisation (info.model_flops_per_iteration, peak_flops_per_rank)."""
+        info = self.program.info
+        flops = info.model_flops_per_iteration
+        peak = info.peak_flops_per_rank
         if flops is None or peak is None or self.iteration_time_s <= 0:
             return None
         groups = self.program.represents
@@ -143,13 +148,22 @@ class SimResult:
         else:
             if len(peak) != len(groups):
                 raise SimulationError(
-                    f"metadata peak_flops_per_rank has {len(peak)} entries, expected one per "
+                    f"program info peak_flops_per_rank has {len(peak)} entries, expected one per "
                     f"program rank ({len(groups)})"
                 )
             total_peak = sum(float(p) * len(g) for p, g in zip(peak, groups))
         if total_peak <= 0:
             return None
         return float(flops) / (self.iteration_time_s * total_peak)
+
+    @property
+    def cost_usd(self) -> float | None:
+        """What the iteration costs: info.price_per_hour_usd × iteration_time_s / 3600 (None
+        when the program has no price)."""
+        price = self.program.info.price_per_hour_usd
+        if price is None:
+            return None
+        return price * self.iteration_time_s / SECONDS_PER_HOUR
 
     @property
     def bubble_fraction(self) -> float:
@@ -182,6 +196,7 @@ class SimResult:
             "peak_memory_bytes": self.peak_memory_bytes,
             "oom": self.oom,
             "energy_j": self.energy_j,
+            "cost_usd": self.cost_usd,
             "num_tasks": self.program.num_tasks,
             "num_ranks": len(self.ranks),
             "num_physical_ranks": self.program.num_physical_ranks,
@@ -242,8 +257,8 @@ def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
 
 def build_result(
     program: Program,
-    start_s: Sequence[float],
-    end_s: Sequence[float],
+    start_s: Sequence[float] | np.ndarray,
+    end_s: Sequence[float] | np.ndarray,
     *,
     engine: str,
     frozen: FrozenProgram | None = None,

@@ -44,7 +44,8 @@ class DryRun:
         if not self.makespan:
             return 0.0
         total = sum(self.busy_by_rank.values())
-        return 1 - total / (len(self.busy_by_rank) * self.makespan)
+        share: float = 1 - total / (len(self.busy_by_rank) * self.makespan)  # exact for Fractions
+        return share
 
 
 def _dependencies(action: Action, num_stages: int) -> list[Action]:

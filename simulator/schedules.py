@@ -30,6 +30,7 @@ from trainsim.simulator.actions import (
     validate_schedule,
 )
 from trainsim.simulator.schedule_dryrun import DryRun, dry_run, peak_in_flight, unit_time_makespan
+from trainsim.simulator.torch_schedules import from_torch, resolve_class_name
 
 __all__ = [
     "DryRun", "ScheduleBuilder", "dry_run", "explicit", "get_schedule", "gpipe",
@@ -56,7 +57,7 @@ def gpipe(p: int, m: int) -> Schedule:
     """
     _check_sizes(p, m)
     return {
-        r: [Action(r, "F", j) for j in range(m)] + [Action(r, "B", j) for j in range(m)]
+        r: [*(Action(r, "F", j) for j in range(m)), *(Action(r, "B", j) for j in range(m))]
         for r in range(p)
     }
 
@@ -275,8 +276,6 @@ def get_schedule(name: str) -> ScheduleBuilder:
     """
     key = name.strip()
     if key.lower().startswith("torch:"):
-        from trainsim.simulator.torch_schedules import from_torch, resolve_class_name
-
         return partial(from_torch, resolve_class_name(key.split(":", 1)[1]))
     builder = _BUILDERS.get(key.lower())
     if builder is None:

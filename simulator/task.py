@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +101,7 @@ _TASK_FIELDS = ("name", "kind", "ranks", "stream", "duration_s", "comm_bytes", "
                 "stage", "first_layer", "last_layer")
 
 
-def trusted_task(values: tuple) -> Task:
+def trusted_task(values: tuple[Any, ...]) -> Task:
     """A Task from `values` in `_TASK_FIELDS` order, skipping the per-field checks.
 
     For producers that build tasks from already-checked numbers (the lowering emits tens of

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 
@@ -187,7 +187,8 @@ class TaskTable(Sequence[Task]):
 
     def name(self, task_id: int) -> str:
         """One task's name."""
-        template, arg = self.name_templates[self.name_code[task_id]], int(self.name_arg[task_id])
+        template: str = self.name_templates[self.name_code[task_id]]
+        arg = int(self.name_arg[task_id])
         return template if arg < 0 else template % arg
 
     def _build_tasks(self) -> list[Task]:
@@ -270,7 +271,7 @@ def _any_row(rows: np.ndarray, n: int) -> np.ndarray:
     return mask
 
 
-def _split(ptr: np.ndarray, values: list) -> list[tuple]:
+def _split(ptr: np.ndarray, values: list[Any]) -> list[tuple[Any, ...]]:
     bounds = ptr.tolist()
     return [tuple(values[a:b]) for a, b in itertools.pairwise(bounds)]
 

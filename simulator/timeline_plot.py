@@ -55,7 +55,7 @@ def timeline_figure(
     Args:
         result: the simulated iteration (expand() it first to draw physical ranks).
         ranks: ranks to draw (default all).
-        title: figure title (default: model/plan from metadata and the iteration time).
+        title: figure title (default: the model name from `program.info` and the iteration time).
     """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -141,8 +141,8 @@ def timeline_figure(
                                  iteration_s, f"rank {rank} power",
                                  f"rank {rank}<br>%{{y:.1f}} W at %{{x:.6g}} s"), row=3, col=1)
     if title is None:
-        meta = result.program.metadata
-        bits = [meta[k] for k in ("model", "plan") if isinstance(meta.get(k), str)]
+        model = result.program.info.model
+        bits = [] if model is None else [model]
         title = " · ".join(bits + [f"iteration {iteration_s:.6g} s"])
     fig.update_layout(
         title=title,

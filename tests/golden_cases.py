@@ -34,7 +34,7 @@ CASES: dict[str, list[str]] = {
                                   "1x8xA100-SXM4-80GB+1x4xA10", "--pp", "4", "--dp", "3",
                                   "--schedule", "interleaved", "--virtual-stages", "2",
                                   "--zero", "1", "--global-batch", "24", "--freq-mhz", "1200",
-                                  "--json"],
+                                  "--allow-oom", "--json"],
     "simulate_cpu_profile": ["simulate", "--model", "tiny-gpt", "--cluster", "cpu:2",
                              "--profile", "traces/profile.csv", "--dp", "2", "--json"],
     "search_grid": ["search", "--method", "grid", "--model", "gpt3-125m", "--cluster",

@@ -36,10 +36,19 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainsim.errors import TraceError, UnknownNameError
+from trainsim.errors import PlanError, TraceError, UnknownNameError
+from trainsim.simulator.engines import run_program
+from trainsim.validate.contention import blend
+from trainsim.validate.cpu_hardware import cpu_cluster
 from trainsim.validate.profile_db import ProfileDB
+from trainsim.validate.profiled_cost import ProfiledCostModel
+from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.trace_import import KIND_ALIASES
 from trainsim.validate.trace_record import MeasuredTrace
+from trainsim.workloads.lowering import LoweringOptions, lower
+from trainsim.workloads.model import build_graph
+from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.stage_costs import ADAM_STEP_BYTES_PER_PARAM, ADAM_STEP_FLOPS_PER_PARAM
 
 #: Task kinds of the simulated program that are communication (tp/dp/pp collectives, p2p).
 COMM_TASK_KINDS: tuple[str, ...] = ("p2p", "all_reduce", "all_gather", "reduce_scatter",
@@ -125,7 +134,6 @@ def _stage_layers(graph: Any, pp: int, counts: list[int]) -> list[list[Any]]:
 def predicted_kind_s(cost: Any, layers: list[Any], tp: int, m: int, params: float
                      ) -> dict[str, float]:
     """Cost-model seconds per op kind of one stage's iteration (module docstring)."""
-    from trainsim.workloads.stage_costs import ADAM_STEP_BYTES_PER_PARAM, ADAM_STEP_FLOPS_PER_PARAM
 
     out: dict[str, float] = {}
     for layer in layers:
@@ -171,14 +179,6 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
     Raises:
         TraceError: the trace's model is unknown or its plan does not fit the model.
     """
-    from trainsim.errors import PlanError
-    from trainsim.simulator.simulate import run_program
-    from trainsim.validate.cpu_hardware import cpu_cluster
-    from trainsim.validate.profiled_cost import ProfiledCostModel
-    from trainsim.validate.small_models import get_validation_model
-    from trainsim.workloads.lowering import LoweringOptions, lower
-    from trainsim.workloads.model import build_graph
-    from trainsim.workloads.plan import ParallelPlan
 
     try:
         spec = get_validation_model(trace.model)
@@ -200,7 +200,6 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
     solo_cost = None
     overlap: tuple[float, ...] | None = None
     if db.has_solo() and world > 1:
-        from trainsim.validate.contention import blend
 
         solo_cost = ProfiledCostModel(db, solo=True, scale=factor)
         solo_program = lower(spec, cluster, plan, LoweringOptions(cost_model=solo_cost))
@@ -212,7 +211,9 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
     graph = build_graph(spec, p["micro_batch_size"])
     counts = list(plan.layers_per_stage(len(graph.transformer_layers())))
     layers = _stage_layers(graph, p["pp"], counts)
-    stages, kinds_pred, kinds_meas = [], {}, {}
+    stages: list[Any] = []
+    kinds_pred: dict[str, float] = {}
+    kinds_meas: dict[str, float] = {}
     for s in range(p["pp"]):
         first = [r for r in trace.ranks if r.get("stage") == s]
         first.sort(key=lambda r: (r.get("replica", 0), r.get("tp_index", 0)))

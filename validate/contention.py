@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from trainsim.simulator.engines import run_program
+
 MAX_ROUNDS = 40
 """Upper bound on fixed-point rounds (pp2 converges in about 10)."""
 TOLERANCE = 1e-4
@@ -104,7 +106,6 @@ def blend(pair: Any, solo: Any, *, engine: str = "numba") -> Blend:
     `pair` and `solo` must be the same lowering under the two cost models (same tasks in the
     same order); where they are not, `pair` is simulated unchanged.
     """
-    from trainsim.simulator.simulate import run_program
 
     d_pair, d_solo = _durations(pair), _durations(solo)
     same = len(d_pair) == len(d_solo) and all(

@@ -165,6 +165,7 @@ class CpuCluster(Cluster):
     """A Cluster of worker processes on one machine joined by fitted loopback links."""
 
     __slots__ = ("_loop",)
+    _loop: dict[str, Link]
 
     def path(self, src_rank: int, dst_rank: int) -> tuple[Link, ...]:
         """(src's loopback out, dst's loopback in); empty for src == dst."""

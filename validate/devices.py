@@ -31,6 +31,7 @@ per rank). It runs before anything is spawned.
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 from trainsim.errors import TraceError
@@ -132,3 +133,10 @@ def device_metadata(device: str) -> dict[str, Any]:
 
     return {"device": "cuda", "backend": "nccl", "gpu_name": torch.cuda.get_device_name(0),
             "gpu_count": torch.cuda.device_count(), "cuda": torch.version.cuda}
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for the gloo rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

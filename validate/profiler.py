@@ -53,11 +53,27 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from trainsim.errors import TraceError
+from trainsim.validate.devices import (
+    check_device,
+    device_metadata,
+    free_port,
+    prepare_workers,
+    synchronize,
+    worker_device,
+)
 from trainsim.validate.profile_db import ProfileDB, ProfileRow
+from trainsim.validate.small_models import get_validation_model
+from trainsim.validate.worker_limits import (
+    check_memory,
+    check_processes,
+    training_memory_bytes,
+)
+from trainsim.workloads.model import build_graph
 
 COLLECTIVE_SIZES_BYTES = tuple(4**k for k in range(6, 13))
 """4 KiB … 16 MiB (×4), the range between a tensor-parallel activation and a gradient bucket."""
@@ -68,7 +84,6 @@ def machine_metadata(processes: int, threads: int, device: str = "cpu") -> dict[
     (plus GPU name, count and CUDA version on cuda)."""
     import torch
 
-    from trainsim.validate.devices import device_metadata
 
     model, mhz = platform.processor() or platform.machine(), 0.0
     try:
@@ -107,8 +122,6 @@ def op_specs(model: str, micro_batch_size: int, tps: tuple[int, ...],
              ) -> list[dict[str, Any]]:
     """Distinct ops of `model`'s graph at each tp degree: kind, shape, FLOPs, bytes, context
     (added to `seen`, which several models share, and all of `seen` returned)."""
-    from trainsim.validate.small_models import get_validation_model
-    from trainsim.workloads.model import build_graph
 
     spec = get_validation_model(model)
     graph = build_graph(spec, micro_batch_size)
@@ -137,7 +150,7 @@ def _op_callable(o: dict[str, Any], dev: Any = None) -> tuple[Callable[[], Any],
     """(forward thunk, tensors whose grads to clear) running op `o` as the model runs it."""
     import torch
 
-    from trainsim.validate import torch_ops as ops
+    from trainsim.validate import torch_ops as ops  # deferred: start-up time (torch)
 
     def leaf(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=dev).requires_grad_(True)
@@ -251,9 +264,7 @@ def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
-    from trainsim.validate import torch_model as tm
-    from trainsim.validate.devices import synchronize, worker_device
-    from trainsim.validate.small_models import get_validation_model
+    from trainsim.validate import torch_model as tm  # deferred: start-up time (torch)
 
     torch.set_num_threads(cfg["threads"])
     world = cfg["processes"]
@@ -381,6 +392,11 @@ def _after_compute(dist: Any, world: int, cfg: dict[str, Any]) -> list[dict[str,
     return rows
 
 
+def _all_gather(dist: Any, parts: list[Any], rank: int) -> Any:
+    """All-gather of this rank's part (a fresh copy each call, as a training step sends)."""
+    return dist.all_gather(parts, parts[rank].clone())
+
+
 def _collectives(dist: Any, rank: int, world: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     import torch
 
@@ -391,12 +407,12 @@ def _collectives(dist: Any, rank: int, world: int, cfg: dict[str, Any]) -> list[
         n = max(1, size // 4)
         x = torch.ones(n, device=dev)
         reps = cfg["repeats"]
-        calls: dict[str, Callable[[], Any]] = {"all_reduce": lambda x=x: dist.all_reduce(x)}
+        calls: dict[str, Callable[[], Any]] = {"all_reduce": partial(dist.all_reduce, x)}
         if n % world == 0:
             parts = [torch.empty(n // world, device=dev) for _ in range(world)]
-            calls["all_gather"] = lambda p=parts, x=x: dist.all_gather(p, p[rank].clone())
-            calls["reduce_scatter"] = lambda p=parts, x=x: dist.reduce_scatter(
-                p[rank], list(x.chunk(world)))
+            calls["all_gather"] = partial(_all_gather, dist, parts, rank)
+            calls["reduce_scatter"] = partial(dist.reduce_scatter, parts[rank],
+                                              list(x.chunk(world)))
         if world == 2:
             def ping(x: Any = x) -> None:
                 if rank == 0:
@@ -425,7 +441,6 @@ def _collectives(dist: Any, rank: int, world: int, cfg: dict[str, Any]) -> list[
 
 def plan_sizes(model: str, micro_batch_size: int, tp: int) -> list[float]:
     """Collective sizes the small plans need: activations, the CE statistics, all gradients."""
-    from trainsim.validate.small_models import get_validation_model
 
     spec = get_validation_model(model)
     tokens = micro_batch_size * spec.seq_len
@@ -447,14 +462,6 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
 
     import torch.multiprocessing as mp
 
-    from trainsim.validate.devices import check_device, prepare_workers
-    from trainsim.validate.small_models import get_validation_model
-    from trainsim.validate.torch_parallel import free_port
-    from trainsim.validate.worker_limits import (
-        check_memory,
-        check_processes,
-        training_memory_bytes,
-    )
 
     for option, value, least in (("--micro-batch", micro_batch_size, 1),
                                  ("--processes", processes, 1), ("--threads", threads, 1),

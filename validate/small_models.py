@@ -12,9 +12,10 @@ from importlib import resources
 
 import yaml
 
-from trainsim.errors import DataFileError, unknown_name
+from trainsim.errors import DataFileError, UnknownNameError, unknown_name
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.user_models import spec_from_mapping
+from trainsim.workloads.zoo import get_model, list_models
 
 _FILE = "data/small_models.yaml"
 
@@ -25,7 +26,6 @@ def _small_models() -> dict[str, ModelSpec]:
     data = yaml.safe_load(text)
     if not isinstance(data, dict):
         raise DataFileError(f"validate/{_FILE}: must map model names to their fields")
-    from trainsim.workloads.zoo import list_models
 
     out: dict[str, ModelSpec] = {}
     for name, entry in data.items():
@@ -55,8 +55,6 @@ def get_validation_model(name: str) -> ModelSpec:
     small = _small_models()
     if key in small:
         return small[key]
-    from trainsim.errors import UnknownNameError
-    from trainsim.workloads.zoo import get_model, list_models
 
     try:
         return get_model(name)

@@ -30,6 +30,7 @@ from torch import nn
 
 from trainsim.validate import torch_ops as ops
 from trainsim.workloads.model import ModelSpec
+from trainsim.workloads.plan import uniform_split
 
 _PROFILING = [False]
 _SYNC: list[Any] = [None]
@@ -255,7 +256,6 @@ class StageModel(nn.Module):
 
 def stage_blocks(num_layers: int, pp: int) -> list[int]:
     """Blocks per stage, first stages taking the remainder (ParallelPlan's uniform split)."""
-    from trainsim.workloads.plan import uniform_split
 
     return list(uniform_split(num_layers, pp))
 

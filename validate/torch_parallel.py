@@ -27,22 +27,29 @@ in the profiled iteration, and the peak memory of that iteration from
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from trainsim.errors import TraceError
+from trainsim.simulator.schedules import get_schedule
+from trainsim.validate.devices import (
+    check_device,
+    free_port,
+    prepare_workers,
+    synchronize,
+    worker_device,
+)
+from trainsim.validate.profiler import reference_gemm_s
+from trainsim.validate.small_models import get_validation_model
+from trainsim.validate.worker_limits import (
+    check_memory,
+    check_processes,
+    training_memory_bytes,
+)
 
 WORKER_THREADS = 1
 """Intra-op threads per worker (one core per process on the 2-core CI machine)."""
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 for the gloo rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rank_layout(rank: int, dp: int, tp: int) -> tuple[int, int, int]:
@@ -72,10 +79,7 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
-    from trainsim.simulator.schedules import get_schedule
-    from trainsim.validate import torch_model as tm
-    from trainsim.validate.devices import synchronize, worker_device
-    from trainsim.validate.small_models import get_validation_model
+    from trainsim.validate import torch_model as tm  # deferred: start-up time (torch)
 
     torch.set_num_threads(WORKER_THREADS)
     dp, tp, pp = cfg["dp"], cfg["tp"], cfg["pp"]
@@ -110,6 +114,8 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
             outputs: dict[int, Any] = {}
             sends: list[Any] = []
             for a in actions:
+                if a is None:  # an idle slot (1F1B has none)
+                    continue
                 j = a.micro_batch
                 if a.kind == "F":
                     if prev_rank is None:
@@ -162,7 +168,6 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                 record["optimizer_s"] += t2 - t1
                 record["compute_s"] += t2 - t1
 
-        from trainsim.validate.profiler import reference_gemm_s
 
         def agree(n: int) -> int:
             t = torch.tensor([n], device=dev)
@@ -222,13 +227,6 @@ def run_parallel(model: str, *, dp: int, tp: int, pp: int, micro_batch_size: int
             than CPUs (cpu) or GPUs (cuda, validate/devices.py) or a model too large for the
             memory (validate/worker_limits.py), or a worker died.
     """
-    from trainsim.validate.devices import check_device, prepare_workers
-    from trainsim.validate.small_models import get_validation_model
-    from trainsim.validate.worker_limits import (
-        check_memory,
-        check_processes,
-        training_memory_bytes,
-    )
 
     spec = get_validation_model(model)
     if spec.family not in ("gpt", "t5"):

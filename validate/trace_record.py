@@ -25,6 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.errors import TraceError
+from trainsim.validate.profiler import FILLER_GEMM, machine_metadata
+from trainsim.validate.small_models import get_validation_model
+from trainsim.validate.torch_parallel import WORKER_THREADS, rank_layout, run_parallel
+from trainsim.validate.trace_import import is_kineto, load_kineto, read_json
 
 FORMAT = "trainsim-trace"
 VERSION = 1
@@ -113,7 +117,6 @@ class MeasuredTrace:
     @classmethod
     def from_dict(cls, data: Any, where: str = "trace") -> MeasuredTrace:
         """Parse the JSON form; a Kineto trace or anything else is a TraceError."""
-        from trainsim.validate.trace_import import is_kineto
 
         if is_kineto(data):
             raise TraceError(f"{where}: a plain Kineto/Chrome trace has no model or plan; "
@@ -144,7 +147,6 @@ class MeasuredTrace:
     @classmethod
     def load(cls, path: str | Path) -> MeasuredTrace:
         """Read a trainsim trace file."""
-        from trainsim.validate.trace_import import read_json
 
         return cls.from_dict(read_json(path), str(path))
 
@@ -258,10 +260,6 @@ def record_trace(model: str, plan: dict[str, int], *, iterations: int = 10, warm
     fold the ranks into a trace."""
     import tempfile
 
-    from trainsim.validate.profiler import machine_metadata
-    from trainsim.validate.small_models import get_validation_model
-    from trainsim.validate.torch_parallel import WORKER_THREADS, run_parallel
-    from trainsim.validate.trace_import import load_kineto
 
     if iterations < 1:
         raise TraceError(f"sim trace --iterations {iterations} must be an integer >= 1")
@@ -297,7 +295,6 @@ def record_trace(model: str, plan: dict[str, int], *, iterations: int = 10, warm
                           "peak_memory_bytes": peak,
                           "kind_s": {k: round(v, 7) for k, v in kin["kind_s"].items()}})
     per_iter = [max(r["iteration_times_s"][i] for r in ranks) for i in range(iterations)]
-    from trainsim.validate.profiler import FILLER_GEMM
 
     machine = machine_metadata(world, WORKER_THREADS, device)
     machine.update({"reference_gemm": list(FILLER_GEMM),
@@ -323,9 +320,6 @@ def import_kineto(path: str | Path, model: str, plan: dict[str, int],
     by `iterations` (the profiled steps); peak memory is the peak of Total Allocated (the
     file has no parameter bytes).
     """
-    from trainsim.validate.small_models import get_validation_model
-    from trainsim.validate.torch_parallel import rank_layout
-    from trainsim.validate.trace_import import load_kineto
 
     spec = get_validation_model(model)
     kin = load_kineto(path)

@@ -10,7 +10,9 @@ BERT-large pre-training model).
 
 from __future__ import annotations
 
-from trainsim.workloads.model import Layer, ModelSpec
+from typing import TYPE_CHECKING
+
+from trainsim.workloads.layer import Layer
 from trainsim.workloads.ops import Op, elementwise_op, matmul_op, replicated
 from trainsim.workloads.transformer_block import (
     FP32_BYTES,
@@ -19,6 +21,9 @@ from trainsim.workloads.transformer_block import (
     norm_op,
     transformer_block,
 )
+
+if TYPE_CHECKING:  # a type only: model.py imports this module to build graphs
+    from trainsim.workloads.model import ModelSpec
 
 NSP_CLASSES = 2
 """The next-sentence-prediction head is a 2-way classifier (Devlin et al. 2019 §3.1)."""

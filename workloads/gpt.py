@@ -8,8 +8,13 @@ from the spec's fields, so the same builder serves GPT-NeoX-style and LLaMA-styl
 
 from __future__ import annotations
 
-from trainsim.workloads.model import Layer, ModelSpec
+from typing import TYPE_CHECKING
+
+from trainsim.workloads.layer import Layer
 from trainsim.workloads.transformer_block import embedding_layer, lm_head_layer, transformer_block
+
+if TYPE_CHECKING:  # a type only: model.py imports this module to build graphs
+    from trainsim.workloads.model import ModelSpec
 
 
 def build_gpt(spec: ModelSpec, b: int, s: int) -> tuple[Layer, ...]:

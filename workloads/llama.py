@@ -9,8 +9,13 @@ names the family's builder; the LLaMA defaults live in `data/models.yaml` and in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainsim.workloads.gpt import build_gpt
-from trainsim.workloads.model import Layer, ModelSpec
+from trainsim.workloads.layer import Layer
+
+if TYPE_CHECKING:  # a type only: model.py imports this module to build graphs
+    from trainsim.workloads.model import ModelSpec
 
 
 def build_llama(spec: ModelSpec, b: int, s: int) -> tuple[Layer, ...]:

@@ -5,6 +5,9 @@ says). `build_graph(spec, micro_batch_size, seq_len)` turns it into a `ModelGrap
 tuple of `Layer`s (embedding, blocks, head — the units a pipeline partitioner splits by), each a
 tuple of `Op`s with their per-micro-batch costs. Identical blocks are one immutable `Layer`
 object repeated, so a 96-layer GPT-3 175B builds in about a millisecond.
+
+`Layer` lives in layer.py and each family's builder in its own module (gpt.py, t5.py, ...); the
+builders need `ModelSpec` only as a type, so they import layer.py and this module imports them.
 """
 
 from __future__ import annotations
@@ -13,19 +16,20 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from trainsim.workloads.ops import (
-    RECOMPUTE_POLICIES,
-    CommNeed,
-    Op,
-)
+from trainsim.workloads.bert import build_bert
+from trainsim.workloads.gpt import build_gpt
+from trainsim.workloads.layer import TOKEN_ID_BYTES, Layer, LayerCosts
+from trainsim.workloads.llama import build_llama
+from trainsim.workloads.moe import build_moe
+from trainsim.workloads.ops import RECOMPUTE_POLICIES
+from trainsim.workloads.t5 import build_t5
+from trainsim.workloads.wide_resnet import build_wide_resnet
 
 FAMILIES = ("gpt", "llama", "t5", "bert", "moe", "wresnet")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "relu", "swiglu", "geglu")
 POSITION_EMBEDDINGS = ("learned", "rotary", "relative", "none")
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
-TOKEN_ID_BYTES = 8
-"""Token ids are torch.long (int64) tensors."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -128,7 +132,7 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         if self.max_position_embeddings is None:
             object.__setattr__(self, "max_position_embeddings", self.seq_len)
-        kv_heads = int(self.num_kv_heads)  # resolved above
+        kv_heads = int(self.num_kv_heads or 0)  # resolved above
         if kv_heads < 1 or self.num_heads % kv_heads:
             raise bad("num_kv_heads", f"must be >= 1 and divide num_heads={self.num_heads}")
         if self.norm not in NORMS:
@@ -193,102 +197,6 @@ def _op_names(spec: ModelSpec) -> tuple[str, ...]:
         for op in layer.ops:
             names.setdefault(op.name)
     return tuple(names)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LayerCosts:
-    """Per-GPU totals of one layer at a given tensor/sequence/expert parallelism."""
-
-    name: str
-    kind: str
-    fwd_flops: float
-    bwd_flops: float
-    matmul_fwd_flops: float
-    """Forward FLOPs of the GEMM/convolution ops only."""
-    selective_fwd_flops: float
-    """Forward FLOPs that selective recompute runs again before the backward."""
-    fwd_bytes: float
-    bwd_bytes: float
-    params: int
-    activation_bytes: float
-    """Saved activation bytes without recompute."""
-    output_bytes: float
-    """Bytes the layer hands to the next (pipeline send size)."""
-    comm: tuple[CommNeed, ...]
-    """Collectives of the layer's ops, in op order."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Layer:
-    """An ordered group of ops that a pipeline partitioner keeps together."""
-
-    name: str
-    """E.g. "embedding", "block", "encoder_block", "head"."""
-    kind: str
-    """"embedding", "transformer", "decoder", "moe_transformer", "norm", "head", "stem",
-    "conv_block"."""
-    ops: tuple[Op, ...]
-    input_bytes: float = 0.0
-    """Bytes of the layer's input (what full recompute keeps; Korthikanti et al. 2022 §5)."""
-    output_bytes: float = 0.0
-    """Bytes of the layer's output (sent to the next pipeline stage)."""
-    side_input_bytes: float = 0.0
-    """Extra input every instance needs, e.g. the encoder output for T5 cross attention."""
-    recomputable: bool = False
-    """Whether full recompute applies (transformer and conv blocks; not embedding or head)."""
-    shared_params: int = 0
-    """Parameters used here but counted in another layer (a tied LM head's embedding), which a
-    pipeline stage holding this layer alone keeps a copy of."""
-
-    @property
-    def params(self) -> int:
-        """Parameters owned by the layer."""
-        return sum(op.params for op in self.ops)
-
-    def sharded_ops(self, tp: int = 1, sp: bool = False, ep: int = 1) -> tuple[Op, ...]:
-        """Per-GPU ops under Megatron's default sharding at degree `tp` (see `Op.sharded`)."""
-        return tuple(op.sharded(tp, sp, ep) for op in self.ops)
-
-    def costs(self, tp: int = 1, sp: bool = False, ep: int = 1) -> LayerCosts:
-        """Per-GPU totals of the layer at degrees `tp`/`ep` with or without SP."""
-        ops = self.sharded_ops(tp, sp, ep)
-        out_div = tp if (sp and tp > 1 and self.kind not in ("head",)) else 1
-        return LayerCosts(
-            name=self.name, kind=self.kind,
-            fwd_flops=sum(op.fwd_flops for op in ops),
-            bwd_flops=sum(op.bwd_flops for op in ops),
-            matmul_fwd_flops=sum(op.fwd_flops for op in ops if op.is_matmul),
-            selective_fwd_flops=sum(op.fwd_flops for op in ops if op.selective_recompute),
-            fwd_bytes=sum(op.fwd_bytes for op in ops),
-            bwd_bytes=sum(op.bwd_bytes for op in ops),
-            params=sum(op.params for op in ops),
-            activation_bytes=sum(op.activation_bytes for op in ops),
-            output_bytes=self.output_bytes / out_div,
-            comm=tuple(c for op in ops for c in op.shardings[0].comm),
-        )
-
-    def activation_bytes(self, tp: int = 1, sp: bool = False, recompute: str = "none") -> float:
-        """Activation bytes one micro-batch keeps in this layer from forward to backward.
-
-        Korthikanti et al. 2022: with no recompute the sum of the ops' saved tensors (per GPT
-        block s·b·h·(34 + 5as/h), Table 2); "selective" drops the attention-core tensors but
-        keeps Q, K, V (34·s·b·h, /t with TP+SP); "full" keeps only the layer input (2·s·b·h,
-        /t with SP) for recomputable layers.
-        """
-        if recompute not in RECOMPUTE_POLICIES:
-            raise ValueError(f"recompute={recompute!r} is not one of {RECOMPUTE_POLICIES}")
-        if recompute == "full" and self.recomputable:
-            return self.input_bytes / (tp if sp else 1)
-        policy = "selective" if recompute == "selective" else "none"
-        return float(sum(op.saved_bytes(policy) for op in self.sharded_ops(tp, sp)))
-
-    def recompute_fwd_flops(self, recompute: str = "none", tp: int = 1, sp: bool = False) -> float:
-        """Forward FLOPs run again before the backward pass under `recompute`."""
-        if recompute == "full" and self.recomputable:
-            return sum(op.fwd_flops for op in self.sharded_ops(tp, sp))
-        if recompute == "selective":
-            return sum(op.fwd_flops for op in self.sharded_ops(tp, sp) if op.selective_recompute)
-        return 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -413,7 +321,7 @@ def build_graph(spec: ModelSpec, micro_batch_size: int = 1, seq_len: int | None 
         raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 1")
     if seq_len is not None and seq_len < 1:
         raise ValueError(f"seq_len={seq_len} must be >= 1")
-    builder = _builder(spec.family)
+    builder = _BUILDERS[spec.family]
     if spec.family == "wresnet":
         layers = builder(spec, micro_batch_size)
         return ModelGraph(spec=spec, micro_batch_size=micro_batch_size, seq_len=1, layers=layers)
@@ -422,22 +330,10 @@ def build_graph(spec: ModelSpec, micro_batch_size: int = 1, seq_len: int | None 
     return ModelGraph(spec=spec, micro_batch_size=micro_batch_size, seq_len=s, layers=layers)
 
 
-def _builder(family: str) -> Callable[..., tuple[Layer, ...]]:
-    """The family's layer builder, imported lazily (the builders import this module)."""
-    if family == "gpt":
-        from trainsim.workloads.gpt import build_gpt
-        return build_gpt
-    if family == "llama":
-        from trainsim.workloads.llama import build_llama
-        return build_llama
-    if family == "t5":
-        from trainsim.workloads.t5 import build_t5
-        return build_t5
-    if family == "bert":
-        from trainsim.workloads.bert import build_bert
-        return build_bert
-    if family == "moe":
-        from trainsim.workloads.moe import build_moe
-        return build_moe
-    from trainsim.workloads.wide_resnet import build_wide_resnet
-    return build_wide_resnet
+_BUILDERS: dict[str, Callable[..., tuple[Layer, ...]]] = {
+    "gpt": build_gpt, "llama": build_llama, "t5": build_t5, "bert": build_bert,
+    "moe": build_moe, "wresnet": build_wide_resnet}
+"""Layer builder of each family (FAMILIES)."""
+
+__all__ = ["ACTIVATIONS", "DTYPE_BYTES", "FAMILIES", "NORMS", "POSITION_EMBEDDINGS",
+           "TOKEN_ID_BYTES", "Layer", "LayerCosts", "ModelGraph", "ModelSpec", "build_graph"]

@@ -12,8 +12,9 @@ the gradients travel the same way in the backward pass.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from trainsim.workloads.model import Layer, ModelSpec
+from trainsim.workloads.layer import Layer
 from trainsim.workloads.ops import (
     REPLICATE,
     Op,
@@ -30,6 +31,9 @@ from trainsim.workloads.transformer_block import (
     residual_op,
     transformer_block,
 )
+
+if TYPE_CHECKING:  # a type only: model.py imports this module to build graphs
+    from trainsim.workloads.model import ModelSpec
 
 
 def build_moe(spec: ModelSpec, b: int, s: int) -> tuple[Layer, ...]:

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainsim.workloads.model import Layer
+from trainsim.workloads.op_work import InstructionCosts, Work, op_pass_work, shared_params
 from trainsim.workloads.ops import CommNeed, Op
 
 LayersAt = Callable[[int], Sequence[Layer]]
@@ -163,7 +164,7 @@ class _Totals:
 
 def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
                       recompute: str | tuple[str, ...], cost_model: Any, gpu: Any,
-                      freq_mhz: float | None, dtype: str) -> Any:
+                      freq_mhz: float | None, dtype: str) -> InstructionCosts:
     """Per-GPU costs of one stage whose ops run at their own degrees (module docstring).
 
     Args:
@@ -175,13 +176,6 @@ def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
     Returns:
         `InstructionCosts` with `params_by_tp` set and every collective's `group_size`.
     """
-    from trainsim.workloads.stage_costs import (
-        InstructionCosts,
-        Work,
-        _shared_params,
-        op_pass_work,
-    )
-
     deg = dict(degrees.degrees)
     names = set(recompute) if isinstance(recompute, tuple) else set()
     by_batch: dict[int, Sequence[Layer]] = {degrees.batch_size: layers}
@@ -251,7 +245,7 @@ def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
         fwd_r, bwd_r = reshard(prev.tp, prev.split_out, prev.output_bytes, tp, False)
         tot.comm["fwd"] += fwd_r
         tot.comm["bwd"] += bwd_r
-    shared = _shared_params(layers, tp)
+    shared = shared_params(layers, tp)
     if shared:
         tot.params[tp] = tot.params.get(tp, 0) + shared
     by_tp = tuple(sorted((t, p) for t, p in tot.params.items()))

@@ -19,10 +19,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from trainsim.errors import PlanError, unknown_name
 from trainsim.workloads.plan_fields import (
+    _action_key,
     _divisors,
     _global_batch_hint,
     _int,
@@ -274,7 +275,7 @@ class ParallelPlan:
             object.__setattr__(self, "num_micro_batches", 1)
         if self.global_batch is None:
             object.__setattr__(self, "global_batch",
-                               self.num_micro_batches * self.micro_batch_size * self.dp)
+                               cast(int, self.num_micro_batches) * self.micro_batch_size * self.dp)
 
     def _check_frequencies(self) -> None:
         if self.stage_freq_mhz is not None and len(self.stage_freq_mhz) != self.pp:
@@ -282,14 +283,8 @@ class ParallelPlan:
                             f"pp={self.pp}")
         if not self.instruction_freq_mhz:
             return
-        from trainsim.errors import SpecError
-        from trainsim.simulator.actions import Action  # deferred: simulator imports workloads
         for key, _ in self.instruction_freq_mhz:
-            try:
-                Action.parse(key)
-            except SpecError as exc:
-                raise PlanError(f"plan.instruction_freq_mhz key {key!r} is not an action like "
-                                f"'2F3' (stage 2 forward of micro-batch 3): {exc}") from None
+            _action_key("instruction_freq_mhz", key)
 
     def _check_stage_fields(self) -> None:
         if self.stage_gpus is not None:

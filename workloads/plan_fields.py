@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from trainsim.errors import PlanError
 
 _NOT_LISTS = (str, bytes, Mapping, set, frozenset)
+
+ACTION_KEY_KINDS = ("F", "B", "I", "W")
+"""Pass kinds of a pipeline action: forward, full backward, input-grad and weight-grad halves."""
+_ACTION_KEY = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
 
 def _int(name: str, value: Any, expected: str = "a positive integer",
@@ -24,13 +29,14 @@ def _int(name: str, value: Any, expected: str = "a positive integer",
 
 def _mhz(name: str, value: Any) -> float:
     """A positive, finite frequency in MHz (int or float; bools and strings are refused)."""
+    as_given = type(value) in (int, float)  # kept as given (an int stays one)
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         try:
             as_float = float(value)
         except OverflowError:  # a 400-digit integer
             as_float = math.inf
         if 0 < as_float < math.inf:
-            return value if type(value) in (int, float) else as_float
+            return cast(float, value) if as_given else as_float
     raise PlanError(f"plan.{name}={value!r} must be a positive frequency in MHz, e.g. 1200")
 
 
@@ -38,6 +44,23 @@ def _text(name: str, value: Any, expected: str) -> str:
     if isinstance(value, str):
         return value
     raise PlanError(f"plan.{name}={value!r} must be {expected}")
+
+
+def _action_key(name: str, key: str) -> str:
+    """`key` if it names a pipeline action ``<stage><kind><micro-batch>`` ("2F3": stage 2
+    forward of micro-batch 3), else a PlanError naming the field.
+
+    A plan keys per-instruction settings by the strings schedule actions print as, so this is
+    the grammar of `trainsim.simulator.actions.Action.parse`. Workloads sit below the simulator
+    and do not import it: the grammar is stated here too, and tests/simulator/test_actions.py
+    holds the two to the same answers and messages.
+    """
+    if isinstance(key, str) and _ACTION_KEY.match(key.strip()):
+        return key
+    raise PlanError(f"plan.{name} key {key!r} is not an action like '2F3' (stage 2 forward of "
+                    f"micro-batch 3): cannot parse pipeline action {key!r}: expected "
+                    f"<stage><kind><micro-batch> with kind one of {', '.join(ACTION_KEY_KINDS)}, "
+                    f"e.g. '2B3'")
 
 
 def _items(name: str, value: Any, expected: str) -> tuple[Any, ...]:

@@ -15,101 +15,8 @@ from typing import Any
 
 from trainsim.workloads.model import Layer
 from trainsim.workloads.op_parallel import OpDegrees, op_parallel_costs
-from trainsim.workloads.ops import CommNeed, Op
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Work:
-    """Time and energy of a sequence of kernels on one GPU."""
-
-    time_s: float = 0.0
-    energy_j: float = 0.0
-
-    def __add__(self, other: Work) -> Work:
-        return Work(time_s=self.time_s + other.time_s, energy_j=self.energy_j + other.energy_j)
-
-    @property
-    def power_w(self) -> float:
-        """Average power over the work (0 for no work)."""
-        return self.energy_j / self.time_s if self.time_s > 0 else 0.0
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class InstructionCosts:
-    """Costs of one stage's pipeline instructions for one micro-batch shape on one GPU."""
-
-    forward: Work
-    backward: Work
-    """Full backward (input and weight gradients)."""
-    backward_input: Work
-    """Zero-bubble split: gradients w.r.t. inputs (and every non-GEMM backward)."""
-    backward_weight: Work
-    """Zero-bubble split: gradients w.r.t. weights (the weight-grad GEMMs)."""
-    recompute: Work
-    """Forward work run again before the backward under the plan's recompute policy."""
-    fwd_comm: tuple[CommNeed, ...]
-    """Tensor-parallel collectives of the forward (repeated by recompute)."""
-    bwd_comm: tuple[CommNeed, ...]
-    """Tensor-parallel collectives of the backward."""
-    recompute_comm: tuple[CommNeed, ...]
-    """Tensor-parallel collectives the recomputed forward repeats."""
-    fwd_ep_comm: tuple[CommNeed, ...] = ()
-    """Expert-parallel all-to-alls of the forward (dispatch and combine; GShard §2.2)."""
-    bwd_ep_comm: tuple[CommNeed, ...] = ()
-    """Expert-parallel all-to-alls of the backward."""
-    recompute_ep_comm: tuple[CommNeed, ...] = ()
-    """Expert-parallel all-to-alls the recomputed forward repeats."""
-    kept_activation_bytes: float
-    """Bytes one micro-batch holds from its forward until its backward."""
-    recompute_activation_bytes: float
-    """Extra bytes the recompute materialises for the backward (freed by it): the largest one
-    layer's, since recompute runs one layer at a time before that layer's backward."""
-    output_bytes: float
-    """Bytes the stage sends to the next stage per micro-batch (per GPU)."""
-    params: int
-    """Parameters of the stage's layers on one GPU (tied copies included)."""
-    params_by_tp: tuple[tuple[int, int], ...] = ()
-    """Empty for a stage with one tensor-parallel degree; with per-op degrees, (t, parameters
-    per GPU of the ops at degree t), ascending t, summing to `params`: their gradients are
-    reduced over the stage's data-parallel groups of that degree (workloads/op_parallel.py)."""
-
-
-def _op_work(cost_model: Any, gpu: Any, op: Op, flops: float, nbytes: float,
-             freq_mhz: float | None, dtype: str) -> Work:
-    if flops <= 0 and nbytes <= 0:
-        return Work()
-    est = cost_model.estimate(op.kind, flops, nbytes, gpu, freq_mhz, dtype, op.shape)
-    return Work(time_s=est.time_s, energy_j=est.time_s * est.power_w)
-
-
-def _weight_share(op: Op) -> float:
-    """Share of an op's backward that computes weight gradients (ZB-H1's W).
-
-    A GEMM with weights runs two GEMMs of its forward size backward: one for the input gradient,
-    one for the weight gradient (Qi et al. 2024, §2). Ops without weights have no W part. Each
-    half is costed as its own kernel and the full backward is their sum, so B = I + W exactly
-    and splitting the backward changes the order of work, never its amount.
-    """
-    return 0.5 if (op.is_matmul and op.params > 0) else 0.0
-
-
-def op_pass_work(cost_model: Any, gpu: Any, op: Op, freq_mhz: float | None, dtype: str
-                 ) -> tuple[Work, Work, Work, Work]:
-    """(forward, backward, input-grad, weight-grad) work of one op on one GPU.
-
-    A GEMM's backward is two kernels of its forward size (`_weight_share`), costed apart, so
-    backward = input-grad + weight-grad exactly; other ops have no weight-grad part.
-    """
-    f = _op_work(cost_model, gpu, op, op.fwd_flops, op.fwd_bytes, freq_mhz, dtype)
-    share = _weight_share(op)
-    if share <= 0:
-        b = _op_work(cost_model, gpu, op, op.bwd_flops, op.bwd_bytes, freq_mhz, dtype)
-        return f, b, b, Work()
-    w = _op_work(cost_model, gpu, op, op.bwd_flops * share, op.bwd_bytes * share, freq_mhz,
-                 dtype)
-    i = _op_work(cost_model, gpu, op, op.bwd_flops * (1 - share), op.bwd_bytes * (1 - share),
-                 freq_mhz, dtype)
-    return f, i + w, i, w
+from trainsim.workloads.op_work import InstructionCosts, Work, op_pass_work, shared_params
+from trainsim.workloads.ops import CommNeed
 
 
 def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
@@ -146,7 +53,7 @@ def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
                                       names=names, cost_model=cost_model, gpu=gpu,
                                       freq_mhz=freq_mhz, dtype=dtype)
         total.add(cache[key])
-    total.params += _shared_params(layers, tp)
+    total.params += shared_params(layers, tp)
     last = layers[-1]
     out_bytes = last.output_bytes / (tp if (sp and tp > 1 and last.kind != "head") else 1)
     return InstructionCosts(
@@ -222,19 +129,6 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
     out.kept, out.extra = kept, extra
     out.params = sum(op.params for op in ops)
     return out
-
-
-def _shared_params(layers: Sequence[Layer], tp: int) -> int:
-    """Tied weights a stage keeps a copy of (a tied LM head's word embedding, sharded like it).
-
-    Megatron-LM keeps a copy of the word embedding on the last stage when embedding and head
-    are on different stages; on the stage that holds the embedding itself the head reuses it,
-    so nothing is added (a stage counting it twice would double its weight memory and its
-    gradient all-reduce).
-    """
-    owned = max((la.params for la in layers if la.kind == "embedding"), default=0)
-    return sum(-(-la.shared_params // tp) for la in layers
-               if la.shared_params and owned < la.shared_params)
 
 
 def optimizer_bytes_per_param(dtype: str) -> tuple[float, float, float]:

@@ -15,14 +15,18 @@ trains it) likewise.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from trainsim.workloads.model import Layer, ModelSpec
+from trainsim.workloads.layer import Layer
 from trainsim.workloads.transformer_block import (
     embedding_layer,
     lm_head_layer,
     norm_op,
     transformer_block,
 )
+
+if TYPE_CHECKING:  # a type only: model.py imports this module to build graphs
+    from trainsim.workloads.model import ModelSpec
 
 
 def build_t5(spec: ModelSpec, b: int, s: int) -> tuple[Layer, ...]:

@@ -16,7 +16,9 @@ and costs. FlashAttention-style kernels (no s² tensors) are not modelled.
 
 from __future__ import annotations
 
-from trainsim.workloads.model import TOKEN_ID_BYTES, Layer, ModelSpec
+from typing import TYPE_CHECKING
+
+from trainsim.workloads.layer import TOKEN_ID_BYTES, Layer
 from trainsim.workloads.ops import (
     CommNeed,
     Op,
@@ -29,6 +31,9 @@ from trainsim.workloads.ops import (
     replicated,
     row_shardings,
 )
+
+if TYPE_CHECKING:  # a type only: model.py imports this module to build graphs
+    from trainsim.workloads.model import ModelSpec
 
 MASK_BYTES = 1
 """Dropout masks are stored as one byte per element (torch.bool / uint8)."""

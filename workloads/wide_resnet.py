@@ -19,7 +19,9 @@ gradient) or input channels ("row": all-reduce of the output), as Aceso's two pa
 
 from __future__ import annotations
 
-from trainsim.workloads.model import Layer, ModelSpec
+from typing import TYPE_CHECKING
+
+from trainsim.workloads.layer import Layer
 from trainsim.workloads.ops import (
     REPLICATE,
     Op,
@@ -31,6 +33,9 @@ from trainsim.workloads.ops import (
     row_shardings,
 )
 from trainsim.workloads.transformer_block import FP32_BYTES
+
+if TYPE_CHECKING:  # a type only: model.py imports this module to build graphs
+    from trainsim.workloads.model import ModelSpec
 
 BOTTLENECK_EXPANSION = 4
 """Output channels of a bottleneck block are 4 × its base width (He et al. 2016, Table 1)."""

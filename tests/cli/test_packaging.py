@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _sim_command() -> list[str]:
     exe = shutil.which("sim")
     return [exe] if exe else [sys.executable, "-m", "trainsim.cli"]
 
 
+@pytest.mark.slow  # a fresh interpreter importing the CLI
 def test_sim_help_from_any_folder(tmp_path: Path) -> None:
     """`sim --help` runs outside the repository and lists the command groups."""
     out = subprocess.run([*_sim_command(), "--help"], cwd=tmp_path, capture_output=True,
@@ -27,18 +26,19 @@ def test_sim_help_from_any_folder(tmp_path: Path) -> None:
         assert group in out.stdout
 
 
-def test_wheel_contains_only_trainsim(tmp_path: Path) -> None:
+@pytest.mark.slow  # copies the tree and builds a wheel with pip
+def test_wheel_contains_only_trainsim(tmp_path: Path, repo_root: Path) -> None:
     """A wheel built from the tracked files holds nothing outside `trainsim/` (and its
     dist-info), ships the data files, and leaves tests/bench/traces out."""
-    if not (REPO / ".git").exists() or shutil.which("git") is None:
+    if not (repo_root / ".git").exists() or shutil.which("git") is None:
         pytest.skip("needs a git checkout to list tracked files")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=repo_root,
                            capture_output=True, text=True, check=True).stdout.split()
     src = tmp_path / "src"
     for name in files:
-        if (REPO / name).is_file():
+        if (repo_root / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, src / name)
+            shutil.copy2(repo_root / name, src / name)
     dist = tmp_path / "dist"
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)]
     # Build with the installed setuptools when it is recent enough; else let pip isolate.

@@ -74,6 +74,7 @@ def test_plan_file_with_flag_overrides(capsys, tmp_path: Path) -> None:
     assert over["plan"]["pp"] == 4
 
 
+@pytest.mark.slow  # imports torch.distributed.pipelining
 def test_torch_schedule_matches_builtin_1f1b(capsys) -> None:
     """torch:Schedule1F1B imports the same per-rank order as the built-in 1f1b, so the
     simulated iteration is identical."""

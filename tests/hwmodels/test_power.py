@@ -5,16 +5,12 @@ from __future__ import annotations
 import collections
 import csv
 import itertools
-import os
 from pathlib import Path
 
 import pytest
 
 from trainsim.hwmodels.gpus import get_gpu, list_gpus
 from trainsim.hwmodels.power import power_model, power_w, scaled_time_s
-
-REPO = Path(__file__).resolve().parents[2]
-PERSEUS = REPO.parent / "shared" / "data" / "perseus" / "stage_profile"
 
 
 @pytest.mark.parametrize("name", list_gpus())
@@ -53,9 +49,9 @@ def test_scaled_time_splits_compute_and_memory() -> None:
     assert scaled_time_s(1.0, 0.6, 705, gpu) == pytest.approx(0.6 * 2 + 0.4)
 
 
-def _perseus_relative_power(key: str) -> dict[int, float]:
+def _perseus_relative_power(folder: Path, key: str) -> dict[int, float]:
     rel: dict[int, list[float]] = collections.defaultdict(list)
-    for path in sorted(PERSEUS.glob(f"*+{key}_bf16.csv")):
+    for path in sorted(folder.glob(f"*+{key}_bf16.csv")):
         groups: dict[tuple[str, str], dict[int, float]] = collections.defaultdict(dict)
         with path.open() as fh:
             for row in csv.DictReader(fh):
@@ -70,16 +66,14 @@ def _perseus_relative_power(key: str) -> dict[int, float]:
 
 
 @pytest.mark.parametrize(("key", "gpu_name"), [("a100_sxm", "A100-SXM4-40GB"), ("a40", "A40")])
-def test_relative_power_matches_perseus_measurements(key: str, gpu_name: str) -> None:
+def test_relative_power_matches_perseus_measurements(key: str, gpu_name: str,
+                                                    shared_subdir) -> None:
     """Measured energy/time per instruction (Perseus stage profiles, A100 SXM and A40), relative
     to the top clock, matches the model's P(f)/P(f_max) at full utilisation: RMS error over the
     whole sweep <= 0.03 and error at the lowest swept clock (855 MHz) <= 0.06."""
-    if not PERSEUS.is_dir():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"Perseus data missing at {PERSEUS} (required when CI=true)")
-        pytest.skip(f"Perseus data not found at {PERSEUS}")
-    measured = _perseus_relative_power(key)
-    assert measured, f"no {key} profiles under {PERSEUS}"
+    perseus = shared_subdir("perseus/stage_profile")
+    measured = _perseus_relative_power(perseus, key)
+    assert measured, f"no {key} profiles under {perseus}"
     gpu = get_gpu(gpu_name)
     top = power_w(gpu, gpu.sm_clock_max_mhz)
     errors = {f: power_w(gpu, f) / top - m for f, m in measured.items()}

@@ -7,18 +7,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainsim.search.aceso import AcesoPlanner
-from trainsim.search.aceso_moves import (
+from trainsim.hwmodels.cluster import parse_cluster
+from trainsim.search.aceso.moves import (
     RECOMPUTE_LADDER,
     AcesoConfig,
     AcesoStage,
     check_config,
     moves,
 )
+from trainsim.search.aceso.planner import AcesoPlanner
 from trainsim.search.grid import GridPlanner
 from trainsim.search.oracle import Oracle
 from trainsim.search.planner import SearchSpec, run_search
 from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.zoo import get_model
 
 MODEL, CLUSTER = "gpt3-125m", "8xV100-SXM2-32GB"
 CTX = {"num_gpus": 8, "gpus_per_node": 8, "num_layers": 12, "global_batch": 64, "heads": 12}
@@ -47,9 +49,6 @@ def configs(draw) -> AcesoConfig:
 def test_every_move_keeps_the_plan_valid(cfg: AcesoConfig, data) -> None:
     """Each move conserves GPUs (8) and layers (12), keeps powers of two, and any move that
     check_config accepts builds a ParallelPlan the model and cluster accept."""
-    from trainsim.hwmodels.cluster import parse_cluster
-    from trainsim.workloads.zoo import get_model
-
     model, cluster = get_model(MODEL), parse_cluster(CLUSTER)
     b = data.draw(st.integers(0, len(cfg.stages) - 1))
     memory = data.draw(st.booleans())
@@ -63,14 +62,15 @@ def test_every_move_keeps_the_plan_valid(cfg: AcesoConfig, data) -> None:
 
 
 def _spec(**kw) -> SearchSpec:
-    base = {"model": MODEL, "cluster": "4xV100-SXM2-32GB", "global_batch": 32,
+    base = {"model": get_model(MODEL), "cluster": parse_cluster("4xV100-SXM2-32GB"),
+            "global_batch": 32,
             "time_budget_s": 6.0, "memory_limit_bytes": 6e9}
     return SearchSpec(**(base | kw))
 
 
 @pytest.fixture(scope="module")
 def oracle() -> Oracle:
-    return Oracle(MODEL, "4xV100-SXM2-32GB")
+    return Oracle(get_model(MODEL), parse_cluster("4xV100-SXM2-32GB"))
 
 
 def test_aceso_never_worse_than_its_start_or_grids_best(oracle: Oracle) -> None:
@@ -105,7 +105,7 @@ def _cfg(*layers: int, gpus: int = 1) -> AcesoConfig:
 def test_rebalance_splits_layers_in_proportion_to_stage_speed() -> None:
     """Two stages of 4 layers taking 3 s and 1 s run 4/3 and 4 layers/s; 8 layers in that
     proportion are 2 and 6 (equal times if per-layer time holds); balanced stays put."""
-    from trainsim.search.aceso import rebalance
+    from trainsim.search.aceso.planner import rebalance
 
     new = rebalance(_cfg(4, 4), (3.0, 1.0))
     assert new is not None and [s.layers for s in new.stages] == [2, 6]
@@ -123,7 +123,7 @@ def test_balance_moves_are_sized_from_the_oracle_figures() -> None:
     """Time-bound: k = (busy_b − busy_j) / (t_b + t_j) layers go to the neighbour (stage 0 with
     10 layers in 10 s, stage 1 with 10 in 2 s: t = 1 and 0.2, k = 8 / 1.2 ≈ 7). Memory-bound at
     twice the limit: ⌈10 × (1 − 1/2)⌉ = 5 layers leave."""
-    from trainsim.search.aceso import balance_moves
+    from trainsim.search.aceso.planner import balance_moves
 
     cfg = _cfg(10, 10)
     names = [m.name for m in balance_moves(cfg, 0, busy_s=(10.0, 2.0), memory_ratios=(),

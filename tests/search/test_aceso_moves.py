@@ -9,7 +9,7 @@ import functools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainsim.search.aceso_moves import (
+from trainsim.search.aceso.moves import (
     RECOMPUTE_LADDER,
     AcesoConfig,
     AcesoStage,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainsim.errors import DataFileError
-from trainsim.search.aceso_profile import (
+from trainsim.search.aceso.profile import (
     AcesoCostModel,
     aceso_lowering_options,
     load_aceso_profile,
@@ -78,10 +78,12 @@ def test_cost_model_returns_measured_and_interpolated_times() -> None:
 def test_profiled_lowering_has_no_tensor_parallel_tasks() -> None:
     """With the Aceso options a tp=2 plan lowers without 'tp' stream tasks (the all-reduce is in
     the op times); the roofline lowering of the same plan has them."""
+    from trainsim.hwmodels.cluster import parse_cluster
     from trainsim.search.oracle import Oracle
     from trainsim.workloads.lowering import lower
+    from trainsim.workloads.zoo import get_model
 
-    oracle = Oracle("aceso-gpt-1.3b", "4xV100-PCIe-32GB")
+    oracle = Oracle(get_model("aceso-gpt-1.3b"), parse_cluster("4xV100-PCIe-32GB"))
     opts = aceso_lowering_options(_data() / "profiled-time-miniset", oracle.model)
     plan = oracle.plan({"tp": 2, "pp": 2, "micro_batch_size": 1, "global_batch": 4,
                         "recompute": "full"})

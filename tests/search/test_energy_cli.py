@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from trainsim.search.energy_commands import app
+from trainsim.commands.energy import app
 
 HEADER = "stage,instruction,frequency,time,energy\n"
 CSV = HEADER + "".join(
@@ -188,7 +188,7 @@ def test_large_work_prints_a_unit_hint_on_stderr(tmp_path, monkeypatch, capsys) 
     """When steps × instructions exceed LARGE_WORK, one hint line on stderr suggests a larger
     --unit-s; stdout stays one JSON object."""
     from trainsim.cli import main
-    from trainsim.search import energy_commands
+    from trainsim.commands import energy as energy_commands
 
     path = _csv(tmp_path)
     monkeypatch.setattr(energy_commands, "LARGE_WORK", 0)
@@ -204,7 +204,7 @@ def test_large_work_prints_a_unit_hint_on_stderr(tmp_path, monkeypatch, capsys) 
 
 def test_hint_threshold() -> None:
     """No hint for small work; the hint names the step and instruction counts."""
-    from trainsim.search.energy_commands import LARGE_WORK, _hint
+    from trainsim.commands.energy import LARGE_WORK, _hint
 
     assert _hint(10, 10, 1e-3) is None
     line = _hint(int(LARGE_WORK), 2, 1e-3)

@@ -7,12 +7,12 @@ import itertools
 import numpy as np
 import pytest
 
-from trainsim.search.energy_baselines import all_max, envpipe, zeus_global, zeus_per_stage
-from trainsim.search.energy_dag import build_dag
-from trainsim.search.energy_frontier import compute_frontier, energy_at, frontier_steps
-from trainsim.search.energy_profile import EnergyProfile, InstructionOptions
-from trainsim.search.energy_replay import replay
-from trainsim.search.energy_straggler import pick
+from trainsim.search.energy.baselines import all_max, envpipe, zeus_global, zeus_per_stage
+from trainsim.search.energy.dag import build_dag
+from trainsim.search.energy.frontier import compute_frontier, energy_at, frontier_steps
+from trainsim.search.energy.profile import EnergyProfile, InstructionOptions
+from trainsim.search.energy.replay import replay
+from trainsim.search.energy.straggler import pick
 
 P_BLOCK = 10.0
 

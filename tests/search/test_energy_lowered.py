@@ -13,10 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from trainsim.errors import SpecError
-from trainsim.search.energy_baselines import all_max
-from trainsim.search.energy_dag import build_dag
-from trainsim.search.energy_frontier import compute_frontier
-from trainsim.search.energy_lowered import (
+from trainsim.hwmodels.cluster import parse_cluster
+from trainsim.search.energy.baselines import all_max
+from trainsim.search.energy.dag import build_dag
+from trainsim.search.energy.frontier import compute_frontier
+from trainsim.search.energy.lowered import (
     LoweredExtras,
     all_max_freq,
     frequency_plan,
@@ -24,10 +25,10 @@ from trainsim.search.energy_lowered import (
     predict,
     replay_lowered,
 )
-from trainsim.search.energy_profile import profile_from_model
-from trainsim.simulator.simulate import resolve_cluster, resolve_model
+from trainsim.search.energy.profile import profile_from_model
 from trainsim.workloads.lowering import LoweringOptions, lower, stage_layout
 from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.zoo import get_model
 
 MODEL, CLUSTER, M = "gpt3-125m", "4xA100-SXM4-80GB", 8
 COMM_FREE = LoweringOptions(communication=False, optimizer_step=False)
@@ -37,7 +38,7 @@ RTOL = 1e-9
 
 @pytest.fixture(scope="module")
 def case():
-    spec, hw = resolve_model(MODEL), resolve_cluster(CLUSTER)
+    spec, hw = get_model(MODEL), parse_cluster(CLUSTER)
     plan = ParallelPlan.build(spec, hw, pp=4, micro_batch_size=1, num_micro_batches=M,
                               schedule="1f1b")
     dag = build_dag(profile_from_model(spec, hw, plan), M)
@@ -139,13 +140,13 @@ def test_folded_data_parallel_counts_every_gpu() -> None:
     power are doubled (2 × 83.64 W), and a frontier plan with the optimizer step (no
     communication) still simulates to the prediction; default lowering's data-parallel
     all-reduce is refused by the prediction with a one-line error."""
-    spec, hw = resolve_model(MODEL), resolve_cluster("8xA100-SXM4-80GB")
+    spec, hw = get_model(MODEL), parse_cluster("8xA100-SXM4-80GB")
     plan = ParallelPlan.build(spec, hw, pp=4, dp=2, micro_batch_size=1, num_micro_batches=4,
                               schedule="1f1b")
     prof = profile_from_model(spec, hw, plan)
     assert prof.blocking_power_w == pytest.approx(2 * 83.64)
-    one = profile_from_model(spec, resolve_cluster(CLUSTER), ParallelPlan.build(
-        spec, resolve_cluster(CLUSTER), pp=4, micro_batch_size=1, num_micro_batches=4,
+    one = profile_from_model(spec, parse_cluster(CLUSTER), ParallelPlan.build(
+        spec, parse_cluster(CLUSTER), pp=4, micro_batch_size=1, num_micro_batches=4,
         schedule="1f1b"))
     assert prof.options[(2, "backward")].energy_j == pytest.approx(
         2 * one.options[(2, "backward")].energy_j, rel=1e-12)
@@ -161,7 +162,7 @@ def test_folded_data_parallel_counts_every_gpu() -> None:
 
 def test_profile_rejects_other_schedules() -> None:
     """The planner's DAG is 1F1B: a GPipe plan is refused naming the schedule."""
-    spec, hw = resolve_model(MODEL), resolve_cluster(CLUSTER)
+    spec, hw = get_model(MODEL), parse_cluster(CLUSTER)
     plan = ParallelPlan.build(spec, hw, pp=4, micro_batch_size=1, num_micro_batches=4,
                               schedule="gpipe")
     with pytest.raises(SpecError, match="gpipe"):
@@ -173,7 +174,7 @@ def test_cli_model_mode_writes_plans_sim_simulate_runs(tmp_path) -> None:
     plan_no_slowdown.json; `sim simulate --plan` on each reproduces the predicted time and
     energy, and the no-slowdown plan is no slower and cheaper."""
     from trainsim.cli import app as sim_app
-    from trainsim.search.energy_commands import app
+    from trainsim.commands.energy import app
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["frontier", "--model", MODEL, "--cluster", CLUSTER,
                                    "--pp", "4", "--microbatches", str(M), "--out", str(out),

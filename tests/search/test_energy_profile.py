@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainsim.errors import DataFileError
-from trainsim.search.energy_profile import load_perseus_csv
+from trainsim.search.energy.profile import load_perseus_csv
 
 HEADER = "stage,instruction,frequency,time,energy\n"
 GOOD = HEADER + "".join(

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainsim.search.energy_baselines import all_max
-from trainsim.search.energy_dag import build_dag
-from trainsim.search.energy_frontier import compute_frontier, energy_at
-from trainsim.search.energy_profile import load_perseus_csv
-from trainsim.search.energy_replay import replay
+from trainsim.search.energy.baselines import all_max
+from trainsim.search.energy.dag import build_dag
+from trainsim.search.energy.frontier import compute_frontier, energy_at
+from trainsim.search.energy.profile import load_perseus_csv
+from trainsim.search.energy.replay import replay
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "perseus"
 P_BLOCK_A100_W = 83.64  # shared/data/perseus/SOURCES.md
@@ -107,7 +107,7 @@ def test_bloom_a40_fastest_plan_beats_all_max() -> None:
     at its fastest option, faster than all-max — the time Perseus's intrinsic saving is taken
     at, against all-max counted over that shorter time."""
     need_data()
-    from trainsim.search.energy_straggler import intrinsic_saving
+    from trainsim.search.energy.straggler import intrinsic_saving
     prof = load_perseus_csv(DATA / "stage_profile" / "bloom+a40_bf16.csv",
                             blocking_power_w=70.38)
     fwd = prof.options[(0, "forward")]

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from trainsim.errors import SpecError
-from trainsim.search.energy_baselines import all_max
-from trainsim.search.energy_dag import build_dag
-from trainsim.search.energy_frontier import compute_frontier
-from trainsim.search.energy_profile import EnergyProfile, InstructionOptions
-from trainsim.search.energy_straggler import (
+from trainsim.search.energy.baselines import all_max
+from trainsim.search.energy.dag import build_dag
+from trainsim.search.energy.frontier import compute_frontier
+from trainsim.search.energy.profile import EnergyProfile, InstructionOptions
+from trainsim.search.energy.straggler import (
     STRAGGLER_FACTORS,
     intrinsic_saving,
     savings_table,

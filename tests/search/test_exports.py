@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 
 from trainsim.errors import SpecError
+from trainsim.hwmodels.cluster import parse_cluster
 from trainsim.search.exports import from_aceso_config, to_aceso_config, to_megatron_flags
 from trainsim.search.oracle import Oracle
 from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.zoo import get_model
 
 
 @pytest.fixture(scope="module")
 def oracle() -> Oracle:
-    return Oracle("aceso-gpt-1.3b", "4xV100-PCIe-32GB")
+    return Oracle(get_model("aceso-gpt-1.3b"), parse_cluster("4xV100-PCIe-32GB"))
 
 
 def test_aceso_config_round_trips(oracle: Oracle) -> None:

@@ -9,11 +9,13 @@ import itertools
 import pytest
 
 from trainsim.errors import SpecError
+from trainsim.hwmodels.cluster import parse_cluster
 from trainsim.search.grid import GridPlanner
 from trainsim.search.oracle import Oracle
 from trainsim.search.planner import SearchSpec, SearchState, fits, run_search
+from trainsim.workloads.zoo import get_model
 
-MODEL, CLUSTER = "gpt3-125m", "4xV100-SXM2-32GB"
+MODEL, CLUSTER = get_model("gpt3-125m"), parse_cluster("4xV100-SXM2-32GB")
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +65,9 @@ def test_over_memory_plans_are_reported_infeasible(oracle: Oracle) -> None:
 
 def test_plans_that_do_not_build_are_logged_with_their_error() -> None:
     """A model whose 12 heads tp=8 cannot divide: tp=8 points carry a PlanError message."""
-    o = Oracle("gpt3-125m", "8xV100-SXM2-32GB")
+    o = Oracle(get_model("gpt3-125m"), parse_cluster("8xV100-SXM2-32GB"))
     result = run_search(GridPlanner(micro_batch_sizes=(1,), recompute=("none",)),
-                        _spec(cluster="8xV100-SXM2-32GB"), oracle=o)
+                        _spec(cluster=o.cluster), oracle=o)
     bad = [r for r in result.log if r.summary.error]
     assert bad and all("tp=8" in r.summary.error for r in bad)
     assert all(not r.fits for r in bad)

@@ -8,10 +8,12 @@ import math
 import pytest
 
 from trainsim.errors import PlanError, TrainsimError
+from trainsim.hwmodels.cluster import parse_cluster
 from trainsim.search.oracle import Oracle, Summary
 from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.zoo import get_model
 
-MODEL, CLUSTER = "gpt3-125m", "4xV100-SXM2-32GB"
+MODEL, CLUSTER = get_model("gpt3-125m"), parse_cluster("4xV100-SXM2-32GB")
 PLAN = {"dp": 1, "tp": 1, "pp": 4, "global_batch": 8, "micro_batch_size": 1, "seq_len": 256}
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainsim.errors import SpecError
+from trainsim.errors import PlanError, SpecError
 from trainsim.simulator.actions import (
     Action,
     format_schedule,
@@ -17,6 +17,7 @@ from trainsim.simulator.actions import (
     schedule_to_csv,
     validate_schedule,
 )
+from trainsim.workloads.plan_fields import _action_key
 
 
 def test_str_is_stage_kind_micro_batch() -> None:
@@ -38,6 +39,29 @@ def test_parse_errors_name_the_text(text: str) -> None:
     """Malformed action strings raise SpecError quoting the text."""
     with pytest.raises(SpecError, match=re.escape(repr(text))):
         Action.parse(text)
+
+
+def _plan_key_verdict(text: str) -> str | None:
+    """None when a plan accepts `text` as an action key, else its error message."""
+    try:
+        _action_key("instruction_freq_mhz", text)
+    except PlanError as exc:
+        return str(exc)
+    return None
+
+
+@given(st.one_of(st.text(alphabet="0123456789FBIWfbx -٣", max_size=6),
+                 st.sampled_from(["", "2X3", "B3", "2B", "-1F0", "2 B 3", " 2B3 ", "1F0x", "0W0"])))
+def test_plan_action_keys_follow_the_action_grammar(text: str) -> None:
+    """A plan's action keys (workloads/plan_fields.py, which may not import the simulator) are
+    accepted exactly when `Action.parse` accepts them, and refused with its message."""
+    try:
+        Action.parse(text)
+        expected = None
+    except SpecError as exc:
+        expected = (f"plan.instruction_freq_mhz key {text!r} is not an action like '2F3' "
+                    f"(stage 2 forward of micro-batch 3): {exc}")
+    assert _plan_key_verdict(text) == expected
 
 
 def test_constructor_rejects_bad_fields() -> None:

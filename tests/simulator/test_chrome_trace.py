@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trainsim.simulator.chrome_trace import chrome_trace_json, to_chrome_trace, write_chrome_trace
 from trainsim.simulator.engine_simpy import run_simpy
-from trainsim.simulator.program import Program, Task
+from trainsim.simulator.program import Program, ProgramInfo, Task
 from trainsim.simulator.random_program import random_program
 
 _METADATA_NAMES = {"process_name", "thread_name", "process_sort_index", "thread_sort_index"}
@@ -94,7 +94,7 @@ def _program() -> Program:
         ],
         link_bandwidth_bytes_per_s={"nvl": 1e6},
         idle_power_w=[50.0, 50.0],
-        metadata={"gpu_names": ["A100-SXM4-80GB", "V100-SXM2-32GB"]},
+        info=ProgramInfo(gpu_names=("A100-SXM4-80GB", "V100-SXM2-32GB")),
     )
 
 
@@ -164,7 +164,7 @@ def test_expanded_result_uses_physical_ranks_as_pids() -> None:
         num_ranks=2,
         tasks=[Task(name="f", kind="forward", ranks=(1,), stream="compute", duration_s=1.0)],
         represents=[(0,), (1, 2)],
-        metadata={"gpu_name": "A10"},
+        info=ProgramInfo(gpu_name="A10"),
     )
     trace = to_chrome_trace(run_simpy(program).expand())
     check_trace_event_format(trace)

@@ -103,7 +103,8 @@ def lowered_plans(draw: st.DrawFn):
 def test_lowered_plans_give_identical_results(case) -> None:
     """Random valid plans (dp/tp/pp, schedule, recompute, ZeRO, folded or not) on small models
     and clusters, including a mixed V100/A100 one, run identically on both engines."""
-    from trainsim.simulator.simulate import resolve_cluster, resolve_model
+    from trainsim.api import load_cluster as resolve_cluster
+    from trainsim.api import load_model as resolve_model
     from trainsim.workloads.lowering import LoweringOptions, lower
     from trainsim.workloads.plan import ParallelPlan
 

@@ -146,7 +146,7 @@ def test_frozen_program_alone_is_rejected_with_a_hint() -> None:
 
 def test_simulate_dispatches_numba_by_default() -> None:
     """run_program runs numba unless told otherwise; an unknown engine lists the valid ones."""
-    from trainsim.simulator.simulate import ENGINES, run_program
+    from trainsim.simulator.engines import ENGINES, run_program
 
     program = Program(num_ranks=1, tasks=[_task("a")])
     assert "numba" in ENGINES and "simpy" in ENGINES

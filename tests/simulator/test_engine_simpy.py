@@ -10,7 +10,7 @@ import pytest
 
 from trainsim.errors import SimulationError
 from trainsim.simulator.engine_simpy import run_simpy
-from trainsim.simulator.program import Program, Task
+from trainsim.simulator.program import Program, ProgramInfo, Task
 
 
 def _task(name: str, rank: int | tuple[int, ...] = 0, **kw) -> Task:
@@ -239,18 +239,18 @@ def test_bubble_fraction_is_idle_share_of_the_compute_stream() -> None:
     assert result.bubble_fraction == 0.75
 
 
-def test_throughput_and_mfu_from_metadata() -> None:
+def test_throughput_and_mfu_from_program_info() -> None:
     """2 s iteration, batch 8 × 1024 tokens, 1.6e13 model FLOPs on 2 ranks of 1e13 FLOP/s peak:
     4 samples/s, 4096 tokens/s, MFU = 1.6e13 / (2 s · 2 · 1e13 FLOP/s) = 0.4."""
     program = Program(
         num_ranks=2,
         tasks=[_task("a", 0, duration_s=2.0), _task("b", 1, duration_s=2.0)],
-        metadata={
-            "global_batch": 8,
-            "seq_len": 1024,
-            "model_flops_per_iteration": 1.6e13,
-            "peak_flops_per_rank": 1e13,
-        },
+        info=ProgramInfo(
+            global_batch=8,
+            seq_len=1024,
+            model_flops_per_iteration=1.6e13,
+            peak_flops_per_rank=1e13,
+        ),
     )
     result = run_simpy(program)
     assert result.samples_per_s == 4.0
@@ -263,7 +263,7 @@ def test_throughput_and_mfu_from_metadata() -> None:
 def test_summary_dict_keys_and_json() -> None:
     """The summary has the CLI keys in a stable order and is valid JSON."""
     summary = run_simpy(Program(num_ranks=1, tasks=[_task("a")])).to_summary_dict()
-    assert list(summary)[:8] == [
+    assert list(summary)[:9] == [
         "iteration_time_s",
         "samples_per_s",
         "tokens_per_s",
@@ -272,9 +272,20 @@ def test_summary_dict_keys_and_json() -> None:
         "peak_memory_bytes",
         "oom",
         "energy_j",
+        "cost_usd",
     ]
     assert summary["per_rank"][0]["rank"] == 0
     assert json.loads(json.dumps(summary)) == summary
+
+
+def test_cost_is_price_per_hour_times_iteration_time() -> None:
+    """A 2 s iteration on GPUs at $36/h costs 36 × 2 / 3600 = $0.02; no price, no cost."""
+    priced = Program(num_ranks=1, tasks=[_task("a", duration_s=2.0)],
+                     info=ProgramInfo(price_per_hour_usd=36.0))
+    result = run_simpy(priced)
+    assert result.cost_usd == pytest.approx(0.02)
+    assert result.to_summary_dict()["cost_usd"] == result.cost_usd
+    assert run_simpy(Program(num_ranks=1, tasks=[_task("a")])).cost_usd is None
 
 
 def test_expand_unfolds_represented_ranks() -> None:

@@ -6,28 +6,24 @@ simulator only (about a second), no torch workers.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from trainsim.validate.compare import COMM_TASK_KINDS, compare, format_report
 from trainsim.validate.profile_db import ProfileDB
 from trainsim.validate.trace_record import MeasuredTrace
 
-TRACES = Path(__file__).resolve().parents[2] / "traces"
-
 
 @pytest.fixture(scope="module")
-def db() -> ProfileDB:
-    return ProfileDB.load(TRACES / "profile.csv")
+def db(traces_dir) -> ProfileDB:
+    return ProfileDB.load(traces_dir / "profile.csv")
 
 
 @pytest.mark.parametrize("plan", ["dp2", "pp2", "tp2"])
-def test_comm_is_predicted_from_the_simulated_tasks(db, plan) -> None:
+def test_comm_is_predicted_from_the_simulated_tasks(db, traces_dir, plan) -> None:
     """Predicted comm = the simulated communication tasks (dp all-reduce, pp transfers, tp
     all-reduces) of each stage's first rank, summed — not 0 with a fake −100 % error; the
     measured tensor-parallel autograd nodes (tp_comm) are folded into measured comm."""
-    c = compare(MeasuredTrace.load(TRACES / f"tiny-gpt-{plan}.json"), db)
+    c = compare(MeasuredTrace.load(traces_dir / f"tiny-gpt-{plan}.json"), db)
     kinds = {k["kind"]: k for k in c.kinds}
     tasks = c.result.tasks
     pp = c.plan["pp"]
@@ -40,10 +36,10 @@ def test_comm_is_predicted_from_the_simulated_tasks(db, plan) -> None:
     assert "tp_comm" not in kinds
 
 
-def test_unpredicted_kind_reports_n_a(db) -> None:
+def test_unpredicted_kind_reports_n_a(db, traces_dir) -> None:
     """"other" (framework time outside ops) has no prediction: predicted_s and error are None
     and the report prints n/a; no row of the report shows −100.0 %."""
-    c = compare(MeasuredTrace.load(TRACES / "tiny-gpt-dp2.json"), db)
+    c = compare(MeasuredTrace.load(traces_dir / "tiny-gpt-dp2.json"), db)
     other = {k["kind"]: k for k in c.kinds}["other"]
     assert other["measured_s"] > 0
     assert other["predicted_s"] is None and other["error"] is None
@@ -53,7 +49,7 @@ def test_unpredicted_kind_reports_n_a(db) -> None:
     assert "-100.0%" not in report
 
 
-def test_machine_speed_factor_scales_the_profiled_op_times(db) -> None:
+def test_machine_speed_factor_scales_the_profiled_op_times(db, traces_dir) -> None:
     """A trace whose reference GEMM took twice the profile's was recorded on a machine running
     at half the speed: the factor is 2 and every op estimate doubles; without the figure the
     factor is 1; a non-number is a TraceError naming the field."""
@@ -63,7 +59,7 @@ def test_machine_speed_factor_scales_the_profiled_op_times(db) -> None:
     from trainsim.validate.compare import speed_factor
     from trainsim.validate.profiled_cost import ProfiledCostModel
 
-    trace = MeasuredTrace.load(TRACES / "tiny-gpt-dp2.json")
+    trace = MeasuredTrace.load(traces_dir / "tiny-gpt-dp2.json")
     machine = dict(trace.machine, reference_gemm_s=2 * db.meta["reference_gemm_s"])
     slow = dataclasses.replace(trace, machine=machine)
     assert speed_factor(slow, db) == pytest.approx(2.0)

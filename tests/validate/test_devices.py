@@ -52,6 +52,7 @@ def test_cuda_without_a_gpu_or_with_too_few_is_refused() -> None:
     assert check_device("sim trace", "cpu", 2, cuda_available=False, gpu_count=0) == "gloo"
 
 
+@pytest.mark.slow  # imports torch (about 1.5 s on first use)
 @pytest.mark.parametrize("command", ["trace", "profile"])
 def test_cli_cuda_without_gpu_is_one_line_exit_2(tmp_path, capsys, monkeypatch, command) -> None:
     """`sim trace|profile --device cuda` where torch sees no GPU: exit 2, one error line."""
@@ -75,6 +76,7 @@ def test_cli_unknown_device_is_one_line_exit_2(tmp_path, capsys) -> None:
     assert "--device 'tpu'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # imports torch (about 1.5 s on first use)
 def test_trace_workers_get_nccl_and_cuda(fake_gpus, tmp_path) -> None:
     """With (faked) GPUs, `sim trace --device cuda` spawns one worker per rank configured for
     NCCL on cuda."""
@@ -87,6 +89,7 @@ def test_trace_workers_get_nccl_and_cuda(fake_gpus, tmp_path) -> None:
     assert nprocs == 2 and cfg["backend"] == "nccl" and cfg["device"] == "cuda"
 
 
+@pytest.mark.slow  # imports torch (about 1.5 s on first use)
 def test_profile_workers_get_nccl_and_no_solo_timings(fake_gpus) -> None:
     """`sim profile --device cuda` spawns NCCL workers on cuda and skips solo timings (each
     process has its own GPU); on cpu with 2 processes the workers use gloo and time solo."""

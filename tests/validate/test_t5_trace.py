@@ -10,22 +10,19 @@ time is the simulated compute of the one stage.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from trainsim.cli import main
 
-TRACES = Path(__file__).resolve().parents[2] / "traces"
 
-
-def test_t5_trace_validates_against_the_committed_profile(capsys) -> None:
+def test_t5_trace_validates_against_the_committed_profile(capsys, traces_dir) -> None:
     """tiny-t5 dp2: every op estimate comes from the profile (exact or interpolated, none
     from the roofline), the iteration-time error is the signed relative difference, and the
     report covers the decoder's cross attention (attention kind measured and predicted)."""
     with pytest.raises(SystemExit) as exc:
-        main(["validate", str(TRACES / "tiny-t5-dp2.json"), "--profile",
-              str(TRACES / "profile.csv"), "--json"])
+        main(["validate", str(traces_dir / "tiny-t5-dp2.json"), "--profile",
+              str(traces_dir / "profile.csv"), "--json"])
     assert exc.value.code in (0, None)
     out = json.loads(capsys.readouterr().out)
     assert out["model"] == "tiny-t5" and out["plan"]["dp"] == 2
@@ -38,9 +35,9 @@ def test_t5_trace_validates_against_the_committed_profile(capsys) -> None:
     assert len(out["stages"]) == 1 and out["stages"][0]["busy_predicted_s"] > 0
 
 
-def test_t5_trace_is_small_and_records_both_ranks() -> None:
+def test_t5_trace_is_small_and_records_both_ranks(traces_dir) -> None:
     """The committed T5 trace stays well under 1 MB and holds both data-parallel ranks."""
-    path = TRACES / "tiny-t5-dp2.json"
+    path = traces_dir / "tiny-t5-dp2.json"
     assert path.stat().st_size < 1_000_000
     data = json.loads(path.read_text())
     assert [r["replica"] for r in data["ranks"]] == [0, 1]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
@@ -17,16 +16,15 @@ from trainsim.cli import main
 from trainsim.errors import TraceError
 from trainsim.validate.trace_record import MeasuredTrace, import_kineto
 
-TRACES = Path(__file__).resolve().parents[2] / "traces"
+
+@pytest.fixture
+def good(traces_dir) -> dict:
+    """The repository's recorded DP2 trace of tiny-gpt (2 ranks), freshly read."""
+    return json.loads((traces_dir / "tiny-gpt-dp2.json").read_text())
 
 
-def _good() -> dict:
-    """The repository's recorded DP2 trace of tiny-gpt (2 ranks)."""
-    return json.loads((TRACES / "tiny-gpt-dp2.json").read_text())
-
-
-def _edit(path: str, value) -> dict:
-    data = _good()
+def _edit(data: dict, path: str, value) -> dict:
+    """`data` with the field at dotted `path` set to `value` (in place)."""
     keys = path.split(".")
     node = data
     for k in keys[:-1]:
@@ -57,30 +55,31 @@ BAD = [
 ]
 
 
-def test_recorded_traces_pass() -> None:
+def test_recorded_traces_pass(traces_dir) -> None:
     """The traces shipped in traces/ (DP2, PP2, TP2; 2 ranks each) load unchanged."""
     for name in ("dp2", "pp2", "tp2"):
-        trace = MeasuredTrace.load(TRACES / f"tiny-gpt-{name}.json")
+        trace = MeasuredTrace.load(traces_dir / f"tiny-gpt-{name}.json")
         plan = trace.plan
         assert plan["dp"] * plan["tp"] * plan["pp"] == len(trace.ranks) == 2
 
 
 @pytest.mark.parametrize(("path", "value", "message"), BAD)
-def test_bad_field_is_a_trace_error_naming_it(path, value, message) -> None:
+def test_bad_field_is_a_trace_error_naming_it(good, path, value, message) -> None:
     """Each corruption raises TraceError whose message names the field and value."""
     with pytest.raises(TraceError) as info:
-        MeasuredTrace.from_dict(_edit(path, value), "t.json")
+        MeasuredTrace.from_dict(_edit(good, path, value), "t.json")
     assert message in str(info.value)
     assert str(info.value).startswith("t.json:")
 
 
 @pytest.mark.parametrize(("path", "value", "message"), BAD[:3])
-def test_cli_bad_trace_exits_2_with_one_line(tmp_path, capsys, path, value, message) -> None:
+def test_cli_bad_trace_exits_2_with_one_line(tmp_path, capsys, traces_dir, good, path, value,
+                                             message) -> None:
     """`sim validate` on a corrupt trace prints one error line and exits 2 (no traceback)."""
     bad = tmp_path / "t.json"
-    bad.write_text(json.dumps(_edit(path, value)))
+    bad.write_text(json.dumps(_edit(good, path, value)))
     with pytest.raises(SystemExit) as exc:
-        main(["validate", str(bad), "--profile", str(TRACES / "profile.csv")])
+        main(["validate", str(bad), "--profile", str(traces_dir / "profile.csv")])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]

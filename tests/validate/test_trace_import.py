@@ -57,6 +57,7 @@ def test_import_of_a_kineto_file(tmp_path):
     assert back.iteration_times_s == trace.iteration_times_s
 
 
+@pytest.mark.slow  # imports torch and runs torch.profiler
 def test_real_torch_profiler_trace_imports(tmp_path):
     """A trace exported by torch.profiler itself parses, with CPU memory events."""
     import torch

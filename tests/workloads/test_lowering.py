@@ -133,7 +133,8 @@ def test_heterogeneous_placement_puts_stages_on_their_gpus() -> None:
     _, hw, program, _result = _lower("gpt3-1.3b", "1x8xA100-SXM4-40GB+2x4xA10", dp=4, pp=4,
                                     num_micro_batches=4, placement=(1, 1, 0, 0), seq_len=512)
     assert program.represents[0] == (8, 9, 10, 11) and program.represents[2] == (0, 1, 2, 3)
-    names = program.metadata["gpu_names"]
+    names = program.info.gpu_names
+    assert names is not None
     assert names[0] == hw.gpu(8).name != names[2] == hw.gpu(0).name
     fwd = {t.stage: t.duration_s for t in program.tasks if t.name.endswith(".F1")}
     assert fwd[1] > fwd[2]

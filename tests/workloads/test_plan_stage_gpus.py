@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 
 from trainsim.errors import PlanError
+from trainsim.hwmodels.cluster import parse_cluster
 from trainsim.search.oracle import Oracle
 from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.zoo import get_model
 
-MODEL, CLUSTER = "gpt3-125m", "4xV100-SXM2-32GB"
+MODEL, CLUSTER = get_model("gpt3-125m"), parse_cluster("4xV100-SXM2-32GB")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,378 @@
+"""The one way in: load a model, a cluster and a plan from any spec form; simulate; plan.
+
+Every `sim` command, bench script and notebook goes through these functions, so a spec that
+works in one place works in all (DESIGN.md §1):
+
+* a model is a zoo name (`gpt3-1.3b`), a small validation model (`tiny-gpt`), a YAML file in
+  the zoo's schema or a Hugging Face `config.json`;
+* a cluster is a short spec (`4xV100-SXM2-32GB`, `1x8xA100-SXM4-40GB+7x4xA10`), a YAML file,
+  or `cpu:N` — this machine as N worker processes, described by a profile database from
+  `sim profile` (the packaged reference profile when none is given);
+* a plan is a ParallelPlan, a dict of its fields, or a saved plan JSON file, with overrides.
+
+Layers below (hwmodels, workloads, simulator, search, validate) take resolved objects only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trainsim.errors import SpecError, TraceError, TrainsimError, UnknownNameError
+from trainsim.hwmodels.catalog_views import catalog_gpus, describe_hardware
+from trainsim.hwmodels.catalog_views import describe_cluster as _cluster_view
+from trainsim.hwmodels.cluster import Cluster, parse_cluster
+from trainsim.search.aceso.profile import aceso_lowering_options
+from trainsim.search.exports import search_output_files
+from trainsim.search.oracle import Oracle
+from trainsim.search.planner import SearchRecord, SearchResult, SearchSpec, get_planner, run_search
+from trainsim.simulator.engines import ENGINES, check_engine, run_program
+from trainsim.simulator.result import SimResult
+from trainsim.validate.compare import Comparison, compare
+from trainsim.validate.cpu_hardware import cpu_cluster
+from trainsim.validate.devices import backend_for
+from trainsim.validate.profile_db import ProfileDB
+from trainsim.validate.profiled_cost import ProfiledCostModel, load_cost_model
+from trainsim.validate.profiler import run_profile
+from trainsim.validate.small_models import get_validation_model, list_validation_models
+from trainsim.validate.trace_record import MeasuredTrace, import_kineto, parse_plan
+from trainsim.validate.trace_record import record_trace as _record_trace
+from trainsim.workloads.lowering import LoweringOptions, lower
+from trainsim.workloads.model import ModelSpec
+from trainsim.workloads.model_summary import model_summary
+from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.plan_defaults import plan_fields
+from trainsim.workloads.zoo import get_model
+from trainsim.workloads.zoo import list_models as zoo_names
+
+__all__ = [
+    "ENGINES",
+    "catalog_gpus",
+    "check_device",
+    "cost_model_for",
+    "describe_cluster",
+    "describe_hardware",
+    "describe_model",
+    "energy_dag",
+    "energy_frontier",
+    "energy_pick",
+    "list_models",
+    "load_cluster",
+    "load_cost_model",
+    "load_model",
+    "lowering_options",
+    "make_plan",
+    "profile_ops",
+    "record_trace",
+    "reference_cpu_profile",
+    "run_program",
+    "search",
+    "search_files",
+    "search_options",
+    "simulate",
+    "validate",
+]
+
+CPU_PREFIX = "cpu:"
+"""Cluster specs `cpu:N`: this machine as N worker processes, from a profile database."""
+
+_REFERENCE_PROFILE = "data/reference_cpu_profile.csv"
+
+
+def load_model(spec: str | ModelSpec) -> ModelSpec:
+    """A ModelSpec from a zoo name, a validation model name, a YAML/config.json path, or a
+    ModelSpec (returned as is).
+
+    Raises:
+        UnknownNameError: neither a zoo nor a validation model; lists close names.
+        SpecError / DataFileError: a model file that does not parse or misses fields.
+    """
+    if isinstance(spec, ModelSpec):
+        return spec
+    if not isinstance(spec, str):
+        raise TrainsimError(f"model {spec!r} must be a zoo name, a model file or a ModelSpec")
+    try:
+        return get_model(spec)
+    except UnknownNameError:
+        if spec.strip().lower() in list_validation_models():
+            return get_validation_model(spec)
+        raise
+
+
+def list_models() -> dict[str, ModelSpec]:
+    """The zoo's models by name, in catalog order (validation models are not listed)."""
+    return {name: get_model(name) for name in zoo_names()}
+
+
+def describe_model(model: str | ModelSpec, micro_batch_size: int = 1,
+                   seq_len: int | None = None) -> dict[str, Any]:
+    """A model's shape, parameters, FLOPs and activation memory (`sim models show --json`)."""
+    return model_summary(load_model(model), micro_batch_size, seq_len)
+
+
+def reference_cpu_profile() -> Path:
+    """The packaged profile database that describes `cpu:N` when no --profile is given: the
+    one the committed CPU traces were validated with (validate/data/SOURCES.md)."""
+    return Path(str(resources.files("trainsim.validate").joinpath(_REFERENCE_PROFILE)))
+
+
+def cost_model_for(cluster: str | Cluster, profile: str | Path | ProfiledCostModel | None
+                   ) -> ProfiledCostModel | None:
+    """The measured cost model that prices ops on `cluster`: `profile`'s, else for `cpu:N` the
+    packaged reference profile's (a CPU has no roofline of its own), else None (roofline)."""
+    if profile is None and isinstance(cluster, str) and cluster.startswith(CPU_PREFIX):
+        profile = reference_cpu_profile()
+    if profile is None or isinstance(profile, ProfiledCostModel):
+        return profile
+    return load_cost_model(profile)
+
+
+def _cpu_processes(spec: str) -> int:
+    text = spec[len(CPU_PREFIX):]
+    if not text.isdigit() or int(text) < 1:
+        raise TrainsimError(f"cluster {spec!r}: expected cpu:N with N processes, e.g. cpu:2")
+    return int(text)
+
+
+def load_cluster(spec: str | Cluster, *,
+                 profile: str | Path | ProfiledCostModel | None = None) -> Cluster:
+    """A Cluster from a short spec, a YAML path, `cpu:N`, or a Cluster (returned as is).
+
+    `profile` (a profile database path or a loaded cost model) describes `cpu:N`; without one
+    the packaged reference profile does.
+    """
+    if isinstance(spec, Cluster):
+        return spec
+    if not isinstance(spec, str):
+        raise TrainsimError(f"cluster {spec!r} must be a cluster spec, a YAML file or a Cluster")
+    if spec.startswith(CPU_PREFIX):
+        cost = cost_model_for(spec, profile)
+        assert cost is not None  # cpu:N always has one
+        return cpu_cluster(cost.db, _cpu_processes(spec))
+    return parse_cluster(spec)
+
+
+def describe_cluster(spec: str, *, profile: str | Path | ProfiledCostModel | None = None
+                     ) -> dict[str, Any]:
+    """A cluster's size, peak, price, node groups and links (`sim hw cluster --json`)."""
+    return _cluster_view(load_cluster(spec, profile=profile), spec)
+
+
+def lowering_options(*, profile: str | Path | ProfiledCostModel | None = None,
+                     unfold: bool = False) -> LoweringOptions | None:
+    """LoweringOptions for a profile database (measured op costs replace the roofline) and
+    folding; None when both are the defaults, so plain runs lower exactly as before."""
+    cost = cost_model_for("", profile)
+    if cost is None and not unfold:
+        return None
+    return LoweringOptions(fold=not unfold, cost_model=cost)
+
+
+def make_plan(model: ModelSpec, cluster: Cluster,
+              plan: ParallelPlan | Mapping[str, Any] | str | Path | None = None,
+              **overrides: Any) -> ParallelPlan:
+    """A checked ParallelPlan: `plan` (a plan, a dict of its fields, or a saved plan JSON file)
+    with the non-None `overrides` applied; with no plan, ParallelPlan's defaults for this model
+    and cluster fill what `overrides` leave unset (workloads/plan_defaults.py).
+
+    `recompute` may be given as "none" / "selective" / "full" or "op1,op2,...".
+    """
+    if isinstance(plan, (str, Path)):
+        base: dict[str, Any] | None = ParallelPlan.load(plan).to_dict()
+    elif isinstance(plan, ParallelPlan):
+        base = plan.to_dict()
+    elif plan is not None:
+        base = dict(plan)
+    else:
+        base = None
+    return ParallelPlan.build(model, cluster, **plan_fields(model, cluster, base, overrides))
+
+
+def simulate(model: str | ModelSpec, cluster: str | Cluster,
+             plan: ParallelPlan | Mapping[str, Any] | str | Path | None = None, *,
+             engine: str = "numba", options: LoweringOptions | None = None,
+             profile: str | Path | ProfiledCostModel | None = None, unfold: bool = False,
+             on_progress: Callable[[int, int], None] | None = None,
+             **overrides: Any) -> SimResult:
+    """Simulate one training iteration of `model` on `cluster` under `plan`.
+
+    Args:
+        model: Zoo name, validation model, model file path, or ModelSpec.
+        cluster: Cluster spec (e.g. "4xV100-SXM2-32GB"), YAML path, `cpu:N`, or Cluster.
+        plan: A ParallelPlan, a dict of its fields, a plan JSON path, or None for defaults.
+        engine: "numba" (fast, default) or "simpy" (the readable reference).
+        options: Lowering options; built from `profile` and `unfold` when None.
+        profile: Profile database (from `sim profile`) whose measured op costs replace the
+            roofline; it also describes `cpu:N`.
+        unfold: Simulate every GPU as its own rank.
+        on_progress: Called as (tasks_done, total) now and then, for progress bars.
+        **overrides: Plan fields that override `plan`'s (dp=2, recompute="full", ...).
+
+    Returns:
+        The SimResult of the iteration (its `cost_usd` from the cluster's price).
+    """
+    check_engine(engine)
+    cost = cost_model_for(cluster, profile)
+    spec = load_model(model)
+    hw = load_cluster(cluster, profile=cost)
+    checked = make_plan(spec, hw, plan, **overrides)
+    if options is None:
+        options = lowering_options(profile=cost, unfold=unfold)
+    return run_program(lower(spec, hw, checked, options), engine=engine, on_progress=on_progress)
+
+
+def check_device(device: str) -> str:
+    """The torch.distributed backend for `device` ("cpu": gloo, "cuda": NCCL), checked before
+    any work starts (a clear error where the device is missing)."""
+    return backend_for(device)
+
+
+def profile_ops(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes: int = 2,
+                warmup: int = 3, repeats: int = 10, device: str = "cpu") -> ProfileDB:
+    """Time `model`'s op kinds (comma-separated names allowed) and the collectives on this
+    machine with torch, into a profile database (`sim profile`)."""
+    return run_profile(model, micro_batch_size=micro_batch_size, processes=processes,
+                       warmup=warmup, repeats=repeats, device=device)
+
+
+def record_trace(model: str, plan: str, *, micro_batch_size: int = 2,
+                 num_micro_batches: int | None = None, iterations: int = 10, warmup: int = 3,
+                 device: str = "cpu", import_path: str | Path | None = None,
+                 command: str = "") -> MeasuredTrace:
+    """Run `plan` ("dp2", "pp2", "tp2" or "dp=N,tp=N,pp=N") of `model` for real with torch and
+    record a trace (`sim trace`); with `import_path`, convert that Kineto / torch.profiler
+    Chrome trace instead of running."""
+    fields = parse_plan(plan, micro_batch_size=micro_batch_size,
+                        num_micro_batches=num_micro_batches)
+    if import_path is not None:
+        return import_kineto(import_path, model, fields)
+    return _record_trace(model, fields, iterations=iterations, warmup=warmup, command=command,
+                         device=device)
+
+
+def validate(trace: str | Path | MeasuredTrace, profile: str | Path | ProfileDB | None = None,
+             *, engine: str = "numba") -> tuple[MeasuredTrace, Comparison]:
+    """Simulate a measured trace's plan with the profiled cost model and compare (`sim
+    validate`). The profile defaults to `profile.csv` beside the trace file."""
+    check_engine(engine)
+    measured = trace if isinstance(trace, MeasuredTrace) else MeasuredTrace.load(trace)
+    if not isinstance(profile, ProfileDB):
+        if profile is None:
+            if isinstance(trace, MeasuredTrace):
+                raise TraceError("give the profile database the trace is validated against")
+            profile = Path(trace).parent / "profile.csv"
+        if not Path(profile).exists():
+            raise TraceError(f"no profile database {profile}; give one with --profile")
+        profile = ProfileDB.load(profile)
+    return measured, compare(measured, profile, engine=engine)
+
+
+# --- planners ---------------------------------------------------------------------------
+
+
+def search_options(profile: str | Path | None, model: ModelSpec, cluster: str | Cluster
+                   ) -> LoweringOptions | None:
+    """How a search costs ops: an Aceso `profiled-time-*` folder → Aceso's measured V100 op
+    times (their tensor-parallel collectives already inside); a profile database → measured
+    op costs; none → the roofline (or, on `cpu:N`, the packaged reference profile)."""
+    if profile is not None and Path(profile).is_dir():
+        return aceso_lowering_options(profile, model)
+    if profile is not None and not Path(profile).is_file():
+        raise SpecError(f"--profile {str(profile)!r} is neither a folder nor a file")
+    cost = cost_model_for(cluster, profile)
+    return None if cost is None else LoweringOptions(cost_model=cost)
+
+
+def search(model: str | ModelSpec, cluster: str | Cluster, *, global_batch: int,
+           method: str = "grid", memory_limit_gb: float | None = None,
+           time_budget_s: float = 60.0, profile: str | Path | None = None,
+           objective: str = "throughput", top: int = 5, engine: str = "numba",
+           on_record: Callable[[SearchRecord], None] | None = None) -> SearchResult:
+    """Search parallel plans for `model` on `cluster` with a planner (`grid`: Megatron-LM's
+    uniform grid; `aceso`: iterative bottleneck alleviation), every candidate scored by the
+    Oracle (lowered program + engine). Ctrl-C returns the best so far.
+
+    Args:
+        global_batch: Samples per iteration (every candidate keeps it).
+        memory_limit_gb: Per-GPU memory limit in GB (10^9 bytes); the device's when None.
+        time_budget_s: Wall-clock seconds the search may spend.
+        profile: An Aceso profile folder or a profile database (`search_options`).
+        objective: throughput, cost ($ per iteration) or energy (J per iteration).
+        top: How many ranked plans to keep.
+        on_record: Called with each evaluated plan's record (progress bars).
+    """
+    planner = get_planner(method)
+    spec = load_model(model)
+    file_profile = profile if profile is not None and Path(profile).is_file() else None
+    hw = load_cluster(cluster, profile=file_profile)
+    request = SearchSpec(model=spec, cluster=hw, global_batch=global_batch,
+                         memory_limit_bytes=None if memory_limit_gb is None
+                         else memory_limit_gb * 1e9, time_budget_s=time_budget_s,
+                         objective=objective, top_k=top)
+    oracle = Oracle(spec, hw, engine=engine, options=search_options(profile, spec, cluster))
+    return run_search(planner, request, oracle=oracle, on_record=on_record)
+
+
+def search_files(result: SearchResult) -> dict[str, str]:
+    """The files `sim search --out` writes, by name: the best plan as trainsim JSON, Aceso's
+    config and Megatron-LM flags, the ranked plans and the search log."""
+    return search_output_files(result, result.spec.model, result.spec.cluster)
+
+
+def energy_dag(*, microbatches: int | None, profile: str | Path | None = None,
+               gpu: str | None = None, blocking_power_w: float | None = None,
+               model: str | ModelSpec | None = None, cluster: str | Cluster | None = None,
+               pp: int = 1, tp: int = 1, dp: int = 1, micro_batch_size: int = 1) -> Any:
+    """The instruction DAG the energy planner crashes: from a Perseus profile CSV (`profile`,
+    with `gpu` or `blocking_power_w`) or from a model on a cluster under a 1F1B plan, costed
+    by trainsim's DVFS model."""
+    # deferred: start-up time (the energy planner compiles numba kernels at import)
+    from trainsim.search.energy import planner
+    path = None if profile is None else Path(profile)
+    planner.check_inputs(profile=path, microbatches=microbatches,
+                         model_given=model is not None, cluster_given=cluster is not None)
+    spec = None if model is None else load_model(model)
+    hw = None if cluster is None or model is None else load_cluster(cluster)
+    return planner.load_dag(microbatches, profile=path, gpu=gpu,
+                            blocking_power_w=blocking_power_w, model=spec, cluster=hw, pp=pp,
+                            tp=tp, dp=dp, micro_batch_size=micro_batch_size)
+
+
+def energy_frontier(dag: Any, *, unit_s: float = 1e-3, out: Path | None = None,
+                    on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Every frequency plan on the iteration time–energy frontier (Perseus / Lowtime's
+    crashing), the Zeus and EnvPipe baselines, the intrinsic saving and, in model mode, the
+    all-max and no-slowdown plans as `lower()` runs them. With `out`, writes plans.json,
+    frontier.html and the plan files there. Returns {"run", "lowered", "summary"}."""
+    from trainsim.search.energy import planner  # deferred: start-up time (numba kernels)
+    run = planner.run_frontier(dag, unit_s, on_step=on_step)
+    lowered = planner.lowered_plans(dag, run)
+    summary = planner.summary(dag, run, lowered)
+    if out is not None:
+        planner.write_outputs(out, dag, run, run.fastest, {"all_max": summary["all_max"]},
+                              lowered)
+    return {"run": run, "lowered": lowered, "summary": summary}
+
+
+def energy_pick(dag: Any, *, slowdown: float | None = None, deadline_s: float | None = None,
+                table: bool = False, unit_s: float = 1e-3, out: Path | None = None,
+                on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """The lowest-energy plan that finishes by a straggler's iteration time (`slowdown` × the
+    all-max time, or `deadline_s`) and, with `table`, the savings for slowdowns 1.0–1.5. With
+    `out`, writes plans.json and frontier.html. Returns {"run", "report", "summary"}."""
+    from trainsim.search.energy import planner  # deferred: start-up time (numba kernels)
+    if not table and slowdown is None and deadline_s is None:
+        raise SpecError("give --straggler (slowdown factor), --deadline-s or "
+                        "--straggler-table")
+    run = planner.run_frontier(dag, unit_s, on_step=on_step)
+    report = planner.straggler_pick(dag, run, slowdown=slowdown, deadline_s=deadline_s,
+                                    table=table)
+    summary = planner.pick_summary(dag, run, report)
+    if out is not None:
+        shown = report.choice.point if report.choice is not None else run.intrinsic.point
+        planner.write_outputs(out, dag, run, shown, {k: summary[k] for k in
+                                                    ("pick", "straggler_table")
+                                                    if k in summary})
+    return {"run": run, "report": report, "summary": summary}

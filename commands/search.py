@@ -1,0 +1,96 @@
+"""`sim search`: find a parallel plan with the grid (Megatron-LM) or Aceso planner.
+
+Loads the inputs, runs one planner through `search.planner.run_search` with a progress bar on
+stderr, prints a table (or one JSON object with `--json`), and with `--out DIR` writes the best
+plan as trainsim JSON, as Aceso's config JSON and — for uniform plans — as Megatron-LM flags,
+plus the ranked plans and the search log. Ctrl-C stops the search and reports the best so far.
+Existing outputs are never overwritten without `--force`; the files hold no wall-clock figures,
+so the same search writes the same bytes. A search in which no candidate fits exits 1 (after
+printing the JSON with `best: null` under `--json`) with one line saying why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trainsim import api
+from trainsim.commands.output import check_out_dir, dumps, user_errors
+from trainsim.search.exports import SEARCH_OUTPUT_FILES
+from trainsim.search.planner import SearchRecord, SearchResult
+
+_METHOD = typer.Option("grid", "--method", help="grid (Megatron-LM uniform) or aceso.")
+_MODEL = typer.Option(..., "--model", help="Zoo model name or model file.")
+_CLUSTER = typer.Option(..., "--cluster", help="Cluster spec, e.g. 4xV100-PCIe-32GB.")
+_BATCH = typer.Option(..., "--global-batch", help="Samples per iteration.")
+_MEM = typer.Option(None, "--memory-limit-gb", help="Per-GPU memory limit in GB (10^9 bytes); "
+                    "the device memory when omitted.")
+_BUDGET = typer.Option(60.0, "--time-budget-s", help="Search time budget (s).")
+_PROFILE = typer.Option(None, "--profile", help="Op profile: an Aceso profiled-time-* folder or "
+                        "a trainsim profile database CSV (default: roofline).")
+_OBJ = typer.Option("throughput", "--objective", help="throughput, cost or energy.")
+_TOP = typer.Option(5, "--top", help="How many ranked plans to show and keep.")
+_OUT = typer.Option(None, "--out", help="Folder for best_plan.json, aceso_config.json, "
+                    "megatron_flags.txt, ranked.json and search_log.json.")
+_FORCE = typer.Option(False, "--force", help="Overwrite existing outputs.")
+_JSON = typer.Option(False, "--json", help="Print one JSON object.")
+
+@user_errors
+def search_command(
+    method: str = _METHOD, model: str = _MODEL, cluster: str = _CLUSTER,
+    global_batch: int = _BATCH, memory_limit_gb: float | None = _MEM,
+    time_budget_s: float = _BUDGET, profile: Path | None = _PROFILE,
+    objective: str = _OBJ, top: int = _TOP, out: Path | None = _OUT, force: bool = _FORCE,
+    as_json: bool = _JSON,
+) -> None:
+    """Search parallel plans for MODEL on CLUSTER and print the best ones."""
+    check_out_dir(out, SEARCH_OUTPUT_FILES, force)
+    console = Console(stderr=True)
+    with Progress(TextColumn(method), BarColumn(),
+                  TextColumn("{task.fields[evaluated]} plans, best {task.fields[best]}"),
+                  TimeElapsedColumn(), console=console, transient=True,
+                  disable=as_json or not console.is_terminal) as bar:
+        job = bar.add_task("search", total=time_budget_s, evaluated=0, best="-")
+        best: list[str] = ["-"]
+
+        def tick(record: SearchRecord) -> None:
+            if record.improved:
+                best[0] = f"{record.summary.samples_per_s:.2f} samples/s"
+            bar.update(job, completed=min(record.elapsed_s, time_budget_s),
+                       evaluated=record.step + 1, best=best[0])
+
+        result = api.search(model, cluster, global_batch=global_batch, method=method,
+                            memory_limit_gb=memory_limit_gb, time_budget_s=time_budget_s,
+                            profile=profile, objective=objective, top=top, on_record=tick)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in api.search_files(result).items():
+            (out / name).write_text(text)
+    if as_json:
+        typer.echo(dumps(result.to_dict(), sort_keys=True))
+    elif result.ranked:
+        _table(result, model, cluster)
+    if result.best is None:
+        # Not bad input (exit 2): the search ran and found nothing that fits (exit 1).
+        typer.echo(f"error: {result.no_fit_reason()}", err=True)
+        raise typer.Exit(1)
+
+
+def _table(result: SearchResult, model: str, cluster: str) -> None:
+    table = Table(title=f"{result.method} search: {model} on {cluster}, global batch "
+                        f"{result.spec.global_batch} ({result.evaluated} plans in "
+                        f"{result.search_s:.1f} s{', interrupted' if result.interrupted else ''})")
+    for col in ("#", "samples/s", "iteration (s)", "peak mem (GB)", "plan"):
+        table.add_column(col)
+    for i, r in enumerate(result.ranked, 1):
+        table.add_row(str(i), f"{r.summary.samples_per_s:.3f}",
+                      f"{r.summary.iteration_time_s:.3f}",
+                      f"{r.summary.peak_memory_bytes / 1e9:.2f}", r.note)
+    Console().print(table)
+
+
+__all__ = ["search_command"]

@@ -1,0 +1,185 @@
+"""`sim simulate`: one iteration of a model on a cluster under a plan, on built-in defaults.
+
+Resolves the inputs through `trainsim.api`, simulates, renders a summary (rich tables, or one
+JSON object with `--json`) and writes the requested timeline / Chrome trace. Files a user
+already has are never overwritten without `--force`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trainsim import api
+from trainsim.commands.output import check_new_file, echo_json, stderr_console, user_errors
+from trainsim.simulator.chrome_trace import write_chrome_trace
+from trainsim.simulator.result import SimResult
+from trainsim.simulator.timeline_plot import write_timeline_html
+from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.plan_defaults import DEFAULT_GLOBAL_BATCH
+
+DEFAULT_MODEL = "gpt3-1.3b"
+DEFAULT_CLUSTER = "4xV100-SXM2-32GB"
+
+EXIT_OOM = 3
+"""Exit code of a run whose plan does not fit in memory (2 is bad input)."""
+
+PROGRESS_MIN_TASKS = 50_000
+"""Programs at least this big draw a progress bar while they run."""
+
+
+@user_errors
+def simulate_command(
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m",
+                              help="Zoo name, model YAML, or Hugging Face config.json."),
+    cluster: str = typer.Option(DEFAULT_CLUSTER, "--cluster", "-c",
+                                help="Cluster spec (e.g. 2x8xA100-SXM4-80GB), YAML file, or "
+                                "cpu:N (N local processes, described by --profile or the "
+                                "packaged reference profile)."),
+    plan_file: Path | None = typer.Option(None, "--plan", help="ParallelPlan JSON file; flags "
+                                          "given on the command line override its fields."),
+    dp: int | None = typer.Option(None, "--dp", help="Data-parallel degree."),
+    tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel degree."),
+    pp: int | None = typer.Option(None, "--pp", help="Pipeline-parallel degree."),
+    sp: bool | None = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism."),
+    micro_batch: int | None = typer.Option(None, "--micro-batch", help="Micro-batch size."),
+    global_batch: int | None = typer.Option(None, "--global-batch",
+                                            help=f"Global batch (default {DEFAULT_GLOBAL_BATCH})."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length."),
+    schedule: str | None = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved, "
+                                        "zb-h1, or torch:<ScheduleClass>."),
+    virtual_stages: int | None = typer.Option(None, "--virtual-stages",
+                                              help="Model chunks per pipeline rank."),
+    recompute: str | None = typer.Option(None, "--recompute",
+                                         help="none, selective, full, or op1,op2,..."),
+    zero: int | None = typer.Option(None, "--zero", help="ZeRO stage 0-3."),
+    freq_mhz: float | None = typer.Option(None, "--freq-mhz", help="SM clock for every GPU."),
+    profile: Path | None = typer.Option(None, "--profile", help="Profile database from `sim "
+                                        "profile`: measured op costs replace the roofline."),
+    engine: str = typer.Option("numba", "--engine",
+                              help="Engine: numba (fast, default) or simpy (reference)."),
+    unfold: bool = typer.Option(False, "--unfold", help="Simulate every GPU as its own rank."),
+    timeline: Path | None = typer.Option(None, "--timeline", help="Write an HTML timeline."),
+    trace: Path | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace."),
+    save_plan: Path | None = typer.Option(None, "--save-plan", help="Write the plan as JSON."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
+    allow_oom: bool = typer.Option(False, "--allow-oom", help="Exit 0 even when the plan does "
+                                   "not fit in memory (default: report it and exit 3)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Simulate one training iteration and report time, throughput, memory and energy.
+
+    Exit codes: 0 ok, 2 bad input, 3 the plan does not fit in memory (after the report).
+    """
+    for path, what in ((timeline, "--timeline"), (trace, "--trace"), (save_plan, "--save-plan")):
+        check_new_file(path, force, what)
+    console = stderr_console(quiet=as_json)
+    with console.status("resolving model and cluster..."):
+        cost = api.cost_model_for(cluster, profile)
+        spec = api.load_model(model)
+        hw = api.load_cluster(cluster, profile=cost)
+    plan = api.make_plan(spec, hw, plan_file, dp=dp, tp=tp, pp=pp, sp=sp,
+                         micro_batch_size=micro_batch, global_batch=global_batch,
+                         seq_len=seq_len, schedule=schedule, virtual_stages=virtual_stages,
+                         zero=zero, freq_mhz=freq_mhz, recompute=recompute)
+    with _progress_bar(console) as on_progress:
+        result = api.simulate(spec, hw, plan, engine=engine, profile=cost, unfold=unfold,
+                              on_progress=on_progress)
+    if save_plan:
+        plan.save(save_plan, force=force)
+    if timeline:
+        with console.status("drawing the timeline..."):
+            write_timeline_html(result, timeline)
+    if trace:
+        write_chrome_trace(result, trace)
+    if as_json:
+        echo_json({"model": spec.name, "cluster": cluster, "engine": engine,
+                   "plan": plan.to_dict(), **result.to_summary_dict()})
+    else:
+        _render(result, spec.name, cluster, plan, timeline, trace)
+    if result.oom and not allow_oom:
+        typer.echo(f"error: {oom_line(result)}", err=True)
+        raise typer.Exit(EXIT_OOM)
+
+
+def oom_line(result: SimResult) -> str:
+    """One line naming the first rank over capacity, its need and the capacity."""
+    worst = next(r for r in result.ranks if r.oom)
+    return (f"plan does not fit in memory: rank {worst.rank} needs "
+            f"{worst.peak_memory_bytes / 2**30:.2f} GiB, capacity "
+            f"{worst.memory_capacity_bytes / 2**30:.2f} GiB (--allow-oom reports it with exit "
+            f"0; --recompute, --zero, more --pp/--tp or a smaller --micro-batch need less)")
+
+
+@contextmanager
+def _progress_bar(console: Console) -> Iterator[Callable[[int, int], None]]:
+    """An engine progress callback that draws a bar on stderr, only once the run turns out
+    big enough to wait for."""
+    bar: list[Progress] = []
+    job: list[TaskID] = []
+
+    def update(done: int, total: int) -> None:
+        if not bar:
+            if total < PROGRESS_MIN_TASKS or console.quiet:
+                return
+            bar.append(Progress(TextColumn("simulating"), BarColumn(),
+                                TextColumn("{task.completed:,}/{task.total:,} tasks"),
+                                TimeElapsedColumn(), console=console))
+            bar[0].start()
+            job.append(bar[0].add_task("simulate", total=total))
+        bar[0].update(job[0], completed=done)
+
+    try:
+        yield update
+    finally:
+        if bar:
+            bar[0].stop()
+
+
+def _render(result: SimResult, model: str, cluster: str, plan: ParallelPlan,
+            timeline: Path | None, trace: Path | None) -> None:
+    console = Console()
+    s = result.to_summary_dict()
+    head = Table(title=f"{model} on {cluster}: dp={plan.dp} tp={plan.tp} pp={plan.pp} "
+                       f"mb={plan.micro_batch_size}×{plan.num_micro_batches} {plan.schedule} "
+                       f"recompute={plan.recompute} zero={plan.zero}", show_header=False)
+    head.add_column("metric")
+    head.add_column("value", justify="right")
+    rows = [("iteration time", f"{s['iteration_time_s']:.4g} s"),
+            ("throughput", f"{s['samples_per_s']:.4g} samples/s, {s['tokens_per_s']:.4g} tokens/s"),
+            ("model FLOPs utilisation", f"{100 * s['mfu']:.1f} %" if s["mfu"] else "-"),
+            ("compute idle: bubble + waits (max rank)", f"{100 * s['bubble_fraction']:.1f} %"),
+            ("peak memory (max rank)", f"{s['peak_memory_bytes'] / 2**30:.2f} GiB"
+             + ("  [red]OOM[/red]" if s["oom"] else "")),
+            ("energy per iteration", f"{s['energy_j'] / 1e3:.4g} kJ"),
+            ("tasks / program ranks / GPUs",
+             f"{s['num_tasks']} / {s['num_ranks']} / {s['num_physical_ranks']}")]
+    if result.cost_usd:
+        rows.append(("cost per iteration", f"${result.cost_usd:.4g}"))
+    for k, v in rows:
+        head.add_row(k, v)
+    console.print(head)
+    ranks = Table(title="per rank")
+    for col in ("rank", "GPUs", "busy s", "bubble %", "peak GiB", "energy kJ", "OOM"):
+        ranks.add_column(col, justify="right")
+    spans: list[tuple[int, int, tuple[str, ...]]] = []
+    for r in result.ranks:  # consecutive identical ranks share one row ("0-63")
+        cells = (str(len(r.represents)), f"{r.busy_s:.3f}", f"{100 * r.bubble_fraction:.1f}",
+                 f"{r.peak_memory_bytes / 2**30:.2f}", f"{r.energy_j / 1e3:.3g}",
+                 "yes" if r.oom else "")
+        if spans and spans[-1][2] == cells and spans[-1][1] == r.rank - 1:
+            spans[-1] = (spans[-1][0], r.rank, cells)
+        else:
+            spans.append((r.rank, r.rank, cells))
+    for first, last, shown in spans:
+        ranks.add_row(str(first) if first == last else f"{first}-{last}", *shown)
+    console.print(ranks)
+    for path, what in ((timeline, "timeline"), (trace, "Chrome trace")):
+        if path:
+            console.print(f"wrote {what}: {path}")

@@ -1,0 +1,56 @@
+"""One frequency plan evaluated on the instruction DAG: what the frontier and the baselines make.
+
+A `FrontierPoint` holds a per-node clock plan with its real (unquantised) iteration time and
+energy (`InstructionDag.evaluate`'s formula) and Lowtime's quantised figures; `make_point`
+builds one from per-node times and energies. Both search/energy/frontier.py and
+search/energy/baselines.py produce points, so they live here, below both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainsim.search.energy.dag import InstructionDag
+from trainsim.search.energy.kernels import QEPS, finish_times_kernel
+
+__all__ = ["DEFAULT_UNIT_S", "FrontierPoint", "make_point"]
+
+#: Lowtime's (and Perseus's) time quantum: 1 ms.
+DEFAULT_UNIT_S: float = 1e-3
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FrontierPoint:
+    """One frequency plan on (or produced on the way to) the frontier."""
+
+    time_s: float
+    """Iteration time of the plan, real (unquantised) durations."""
+    energy_j: float
+    """Iteration energy, real: Σ E_i + P_block · (N·T − Σ t_i)."""
+    freq_mhz: np.ndarray
+    """Per DAG node: SM clock (MHz)."""
+    quant_time_s: float
+    """Lowtime's convention: longest path of ⌊t_i/u⌋·u."""
+    quant_energy_j: float
+    """Lowtime's convention: Σ (E_i − P_block·⌊t_i/u⌋·u) + N·P_block·quant_time_s."""
+    model_time_s: float = float("nan")
+    """The crashing model's makespan (quantised durations before rounding to options)."""
+    model_energy_j: float = float("nan")
+    """The crashing model's energy: Σ hull cost at the durations + N·P_block·model_time_s —
+    what Lowtime reports as its frontier (with its exponential fit in place of our hull)."""
+
+
+def make_point(dag: InstructionDag, freq: np.ndarray, t: np.ndarray, e: np.ndarray,
+               unit_s: float) -> FrontierPoint:
+    """A FrontierPoint from per-node clocks, times and energies (module formula)."""
+    p_block, n_st = dag.profile.blocking_power_w, dag.num_stages
+    time_s = float(finish_times_kernel(t, dag.pred_ptr, dag.pred_idx).max())
+    qt = np.floor(t / unit_s + QEPS) * unit_s
+    qtime = float(finish_times_kernel(qt, dag.pred_ptr, dag.pred_idx).max())
+    return FrontierPoint(
+        time_s=time_s, energy_j=float(e.sum() + p_block * (n_st * time_s - t.sum())),
+        freq_mhz=freq,
+        quant_time_s=round(qtime / unit_s) * unit_s,
+        quant_energy_j=float((e - p_block * qt).sum() + n_st * p_block * qtime))

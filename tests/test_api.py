@@ -1,0 +1,126 @@
+"""`trainsim.api` is the one way in: every spec form works, in the API and in every command.
+
+A model is a zoo name, a validation model, a YAML file or a Hugging Face config.json; a cluster
+is a short spec, a YAML file or `cpu:N`; a plan is a ParallelPlan, a dict or a JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainsim import api
+from trainsim.cli import main
+from trainsim.errors import TrainsimError
+from trainsim.workloads.plan import ParallelPlan
+
+GPT2_CONFIG = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+               "vocab_size": 50257, "n_positions": 1024}
+"""GPT-2 small as published in its Hugging Face config.json (124,439,808 parameters)."""
+
+
+def _model_specs(tmp_path: Path) -> dict[str, str]:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(GPT2_CONFIG))
+    zoo = api.load_model("gpt3-125m")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({**zoo.to_dict(), "name": "mine"}))
+    return {"zoo": "gpt3-125m", "validation": "tiny-gpt", "hf": str(config), "yaml": str(mine)}
+
+
+def _cluster_specs(tmp_path: Path) -> dict[str, str]:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(api.load_cluster("1x2xA100-SXM4-40GB+1x2xA10").to_dict()))
+    return {"short": "2xV100-SXM2-32GB", "mixed": "1x2xA100-SXM4-40GB+1x2xA10",
+            "yaml": str(path), "cpu": "cpu:2"}
+
+
+def test_every_model_form_loads(tmp_path: Path) -> None:
+    specs = _model_specs(tmp_path)
+    loaded = {k: api.load_model(v) for k, v in specs.items()}
+    assert loaded["zoo"].name == "gpt3-125m" and loaded["validation"].name == "tiny-gpt"
+    assert api.describe_model(specs["hf"])["parameters"] == 124_439_808
+    assert loaded["yaml"].parameters() == loaded["zoo"].parameters()
+    assert api.load_model(loaded["zoo"]) is loaded["zoo"]
+
+
+def test_every_cluster_form_loads(tmp_path: Path) -> None:
+    specs = _cluster_specs(tmp_path)
+    loaded = {k: api.load_cluster(v) for k, v in specs.items()}
+    assert [c.num_gpus for c in loaded.values()] == [2, 4, 4, 2]
+    assert loaded["yaml"].to_dict() == loaded["mixed"].to_dict()
+    assert loaded["cpu"].gpu(0).name == "cpu"
+
+
+def test_bad_cpu_spec_names_the_form() -> None:
+    with pytest.raises(TrainsimError, match="cpu:N"):
+        api.load_cluster("cpu:two")
+
+
+def test_simulate_accepts_every_form_and_prices_the_run(tmp_path: Path) -> None:
+    """Each model form on each cluster form simulates (the fp32 validation model on `cpu:N`,
+    whose "GPU" has no fp16); the cost is price × time."""
+    models, clusters = _model_specs(tmp_path), _cluster_specs(tmp_path)
+    for name, cluster in clusters.items():
+        hw = api.load_cluster(cluster)
+        forms = ("validation",) if name == "cpu" else ("validation", "hf", "yaml", "zoo")
+        for model in (models[f] for f in forms):
+            result = api.simulate(model, cluster, dp=hw.num_gpus, global_batch=2 * hw.num_gpus,
+                                  seq_len=64)
+            assert result.iteration_time_s > 0
+            price = hw.price_per_hour_usd
+            assert result.cost_usd == pytest.approx(price * result.iteration_time_s / 3600)
+
+
+def test_plan_forms_agree(tmp_path: Path) -> None:
+    """A dict, a ParallelPlan and a saved JSON file of the same plan give the same time."""
+    model, hw = api.load_model("gpt3-125m"), api.load_cluster("4xV100-SXM2-32GB")
+    plan = api.make_plan(model, hw, pp=2, dp=2, global_batch=8)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    times = {api.simulate(model, hw, p).iteration_time_s
+             for p in (plan, plan.to_dict(), path, str(path))}
+    assert len(times) == 1
+
+
+def test_default_plan_is_a_pipeline_over_every_gpu() -> None:
+    """With no degrees, the 4 GPUs form one 4-stage pipeline at global batch 512."""
+    plan = api.make_plan(api.load_model("gpt3-1.3b"), api.load_cluster("4xV100-SXM2-32GB"))
+    assert (plan.dp, plan.tp, plan.pp, plan.global_batch) == (1, 1, 4, 512)
+    assert isinstance(plan, ParallelPlan)
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    out = capsys.readouterr()
+    return int(info.value.code or 0), out.out, out.err
+
+
+def test_models_show_takes_a_validation_model(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "models", "show", "tiny-gpt", "--json")
+    assert code == 0 and json.loads(out)["name"] == "tiny-gpt"
+
+
+def test_hw_cluster_takes_cpu_n(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "hw", "cluster", "cpu:2", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["num_gpus"] == 2 and doc["node_groups"][0]["gpu"] == "cpu"
+
+
+def test_search_takes_cpu_n_and_a_validation_model(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "search", "--model", "tiny-gpt", "--cluster", "cpu:2",
+                        "--global-batch", "4", "--time-budget-s", "20", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["best"]["iteration_time_s"] > 0
+
+
+def test_simulate_json_carries_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "simulate", "--model", "gpt3-125m", "--cluster",
+                        "2xA100-SXM4-80GB", "--global-batch", "4", "--json")
+    doc = json.loads(out)
+    price = api.load_cluster("2xA100-SXM4-80GB").price_per_hour_usd
+    assert code == 0 and doc["cost_usd"] == pytest.approx(price * doc["iteration_time_s"] / 3600)

@@ -1,0 +1,51 @@
+"""Exit codes (`sim --help`, README): 2 bad input, 3 a plan that does not fit in memory, and
+output paths refused before any work starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainsim.cli import main
+
+OOM_RUN = ["simulate", "--model", "gpt3-13b", "--cluster", "2xV100-SXM2-32GB", "--dp", "2",
+           "--global-batch", "8"]
+"""GPT-3 13B replicated on two 32 GB V100s: 16 bytes/parameter of weights, gradients and Adam
+states alone are ~190 GiB per GPU."""
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    out = capsys.readouterr()
+    return int(info.value.code or 0), out.out, out.err
+
+
+def test_a_plan_that_does_not_fit_exits_3_with_one_line(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    code, out, err = _run(capsys, *OOM_RUN, "--json")
+    assert code == 3 and '"oom": true' in out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "rank 0 needs" in lines[0] and "capacity 32.00 GiB" in lines[0]
+
+
+def test_allow_oom_reports_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, *OOM_RUN, "--json", "--allow-oom")
+    assert code == 0 and '"oom": true' in out and err == ""
+
+
+@pytest.mark.parametrize("flag", ["--timeline", "--trace", "--save-plan"])
+def test_an_output_in_a_missing_folder_is_refused_before_the_run(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str) -> None:
+    code, out, err = _run(capsys, "simulate", "--model", "gpt3-125m", "--global-batch", "4",
+                          flag, str(tmp_path / "missing" / "out.file"))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "does not exist" in err and flag.lstrip("-") in err
+
+
+def test_an_output_that_is_a_folder_is_refused(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    code, _, err = _run(capsys, "simulate", "--model", "gpt3-125m", "--global-batch", "4",
+                        "--timeline", str(tmp_path))
+    assert code == 2 and "is a folder" in err

@@ -1,0 +1,110 @@
+"""Layers: the ordered groups of ops a pipeline partitioner keeps together, and their totals.
+
+A `Layer` (embedding, transformer block, head, ...) is what the family builders (gpt.py, t5.py,
+...) emit and `model.ModelGraph` orders; `LayerCosts` sums its ops at a given parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainsim.workloads.ops import RECOMPUTE_POLICIES, CommNeed, Op
+
+TOKEN_ID_BYTES = 8
+"""Token ids are torch.long (int64) tensors."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerCosts:
+    """Per-GPU totals of one layer at a given tensor/sequence/expert parallelism."""
+
+    name: str
+    kind: str
+    fwd_flops: float
+    bwd_flops: float
+    matmul_fwd_flops: float
+    """Forward FLOPs of the GEMM/convolution ops only."""
+    selective_fwd_flops: float
+    """Forward FLOPs that selective recompute runs again before the backward."""
+    fwd_bytes: float
+    bwd_bytes: float
+    params: int
+    activation_bytes: float
+    """Saved activation bytes without recompute."""
+    output_bytes: float
+    """Bytes the layer hands to the next (pipeline send size)."""
+    comm: tuple[CommNeed, ...]
+    """Collectives of the layer's ops, in op order."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layer:
+    """An ordered group of ops that a pipeline partitioner keeps together."""
+
+    name: str
+    """E.g. "embedding", "block", "encoder_block", "head"."""
+    kind: str
+    """"embedding", "transformer", "decoder", "moe_transformer", "norm", "head", "stem",
+    "conv_block"."""
+    ops: tuple[Op, ...]
+    input_bytes: float = 0.0
+    """Bytes of the layer's input (what full recompute keeps; Korthikanti et al. 2022 §5)."""
+    output_bytes: float = 0.0
+    """Bytes of the layer's output (sent to the next pipeline stage)."""
+    side_input_bytes: float = 0.0
+    """Extra input every instance needs, e.g. the encoder output for T5 cross attention."""
+    recomputable: bool = False
+    """Whether full recompute applies (transformer and conv blocks; not embedding or head)."""
+    shared_params: int = 0
+    """Parameters used here but counted in another layer (a tied LM head's embedding), which a
+    pipeline stage holding this layer alone keeps a copy of."""
+
+    @property
+    def params(self) -> int:
+        """Parameters owned by the layer."""
+        return sum(op.params for op in self.ops)
+
+    def sharded_ops(self, tp: int = 1, sp: bool = False, ep: int = 1) -> tuple[Op, ...]:
+        """Per-GPU ops under Megatron's default sharding at degree `tp` (see `Op.sharded`)."""
+        return tuple(op.sharded(tp, sp, ep) for op in self.ops)
+
+    def costs(self, tp: int = 1, sp: bool = False, ep: int = 1) -> LayerCosts:
+        """Per-GPU totals of the layer at degrees `tp`/`ep` with or without SP."""
+        ops = self.sharded_ops(tp, sp, ep)
+        out_div = tp if (sp and tp > 1 and self.kind not in ("head",)) else 1
+        return LayerCosts(
+            name=self.name, kind=self.kind,
+            fwd_flops=sum(op.fwd_flops for op in ops),
+            bwd_flops=sum(op.bwd_flops for op in ops),
+            matmul_fwd_flops=sum(op.fwd_flops for op in ops if op.is_matmul),
+            selective_fwd_flops=sum(op.fwd_flops for op in ops if op.selective_recompute),
+            fwd_bytes=sum(op.fwd_bytes for op in ops),
+            bwd_bytes=sum(op.bwd_bytes for op in ops),
+            params=sum(op.params for op in ops),
+            activation_bytes=sum(op.activation_bytes for op in ops),
+            output_bytes=self.output_bytes / out_div,
+            comm=tuple(c for op in ops for c in op.shardings[0].comm),
+        )
+
+    def activation_bytes(self, tp: int = 1, sp: bool = False, recompute: str = "none") -> float:
+        """Activation bytes one micro-batch keeps in this layer from forward to backward.
+
+        Korthikanti et al. 2022: with no recompute the sum of the ops' saved tensors (per GPT
+        block s·b·h·(34 + 5as/h), Table 2); "selective" drops the attention-core tensors but
+        keeps Q, K, V (34·s·b·h, /t with TP+SP); "full" keeps only the layer input (2·s·b·h,
+        /t with SP) for recomputable layers.
+        """
+        if recompute not in RECOMPUTE_POLICIES:
+            raise ValueError(f"recompute={recompute!r} is not one of {RECOMPUTE_POLICIES}")
+        if recompute == "full" and self.recomputable:
+            return self.input_bytes / (tp if sp else 1)
+        policy = "selective" if recompute == "selective" else "none"
+        return float(sum(op.saved_bytes(policy) for op in self.sharded_ops(tp, sp)))
+
+    def recompute_fwd_flops(self, recompute: str = "none", tp: int = 1, sp: bool = False) -> float:
+        """Forward FLOPs run again before the backward pass under `recompute`."""
+        if recompute == "full" and self.recomputable:
+            return sum(op.fwd_flops for op in self.sharded_ops(tp, sp))
+        if recompute == "selective":
+            return sum(op.fwd_flops for op in self.sharded_ops(tp, sp) if op.selective_recompute)
+        return 0.0

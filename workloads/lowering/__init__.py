@@ -1,0 +1,16 @@
+"""Lowering: workload + parallel plan + cluster -> Program, the one bridge from workloads to
+the simulator (DESIGN.md §1–2).
+
+* `lower.py` — `lower()`: walks the schedule and emits every instruction's tasks;
+* `layout.py` — placement, schedule, layer partition, per-stage costs and groups (no tasks),
+  and `stage_layout()`, the same partition and costs for planners that must predict `lower`;
+* `comm.py` — collectives and transfers as tasks on real links (folding included);
+* `gradient_sync.py` — data-parallel gradient buckets, ZeRO traffic and the optimizer step;
+* `options.py` — `LoweringOptions`.
+"""
+
+from trainsim.workloads.lowering.layout import StageLayout, stage_layout
+from trainsim.workloads.lowering.lower import lower
+from trainsim.workloads.lowering.options import LoweringOptions
+
+__all__ = ["LoweringOptions", "StageLayout", "lower", "stage_layout"]

@@ -1,0 +1,276 @@
+"""Communication tasks for lowering: collectives and transfers as Program tasks on real links.
+
+`CommLowering` turns "collective `kind` of S bytes over physical ranks G" into Program tasks:
+it plans the collective on the cluster (simulator/collectives.py), merges consecutive phases
+that load the same links into one task (their latencies and bytes add, so a lone task takes
+exactly the planned time), and names the links each task crosses so that the engine's fluid
+model shares them with every other transfer running at the same time.
+
+**Folding.** A folded program rank stands for several identical GPUs, so one folded task stands
+for N concurrent copies of a collective (e.g. the data-parallel all-reduces of the eight
+tensor-parallel ranks of a stage). Where n of those copies cross one physical link ``l``, the
+folded task crosses the virtual link ``l/n`` with bandwidth ``bw(l)/n``: alone it then takes
+exactly as long as the n copies sharing ``l`` would (Program semantics: equal sharing).
+Copies of *different* folded tasks that meet on a link are shared through the representative
+copies' links only, which is exact when each representative's links carry the same mix of
+traffic as every other copy's (true for the symmetric layouts lowering builds on one
+homogeneous node group) and an approximation otherwise (see `LoweringOptions.fold`).
+
+`cross_unit` runs collectives whose groups span several replica units of a stage (expert-parallel
+all-to-alls, ZeRO-3 parameter gathers) and joins each unit's chain to the groups it touches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from trainsim.hwmodels.cluster import Cluster
+from trainsim.hwmodels.topology import Link
+from trainsim.simulator.collectives import CommPhase, plan_collective
+from trainsim.simulator.task_table import TaskTableBuilder
+from trainsim.workloads.lowering.layout import LoweringLayout
+
+Need = tuple[str, float]
+"""(collective kind, size in bytes as `plan_collective` takes it)."""
+
+Meta = tuple[int, int, int, int]
+"""(micro-batch, stage, first layer, last layer) of a task; -1 where none."""
+
+NO_META: Meta = (-1, -1, -1, -1)
+
+Template = list[tuple[float, float, tuple[int, ...]]]
+"""(latency, bytes per link, link codes) of each task of a planned chain of collectives."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedComm:
+    """A planned chain of communication tasks on fixed program ranks (builder codes): what
+    lowering stamps out once per micro-batch with `CommLowering.emit_planned`."""
+
+    template: Template
+    name: int
+    kind: int
+    stream: int
+    prog_ranks: tuple[int, ...]
+
+
+class MemoTopology:
+    """The cluster's `path`, `node_of`, `ranks_of_node` and `link`, remembered per argument.
+
+    Planning one lowering's collectives asks for the same few paths thousands of times (every
+    tensor-parallel group, every copy of a folded collective); the cluster computes each from
+    its node groups. The answers are pure functions of the cluster, so they are kept.
+    """
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._path: dict[tuple[int, int], tuple[Link, ...]] = {}
+        self._node: dict[int, int] = {}
+        self._ranks: dict[int, list[int]] = {}
+        self._link: dict[str, Link] = {}
+
+    def path(self, src_rank: int, dst_rank: int) -> tuple[Link, ...]:
+        """`cluster.path`, remembered."""
+        key = (src_rank, dst_rank)
+        found = self._path.get(key)
+        if found is None:
+            found = self._path[key] = self.cluster.path(src_rank, dst_rank)
+        return found
+
+    def node_of(self, rank: int) -> int:
+        """`cluster.node_of`, remembered."""
+        found = self._node.get(rank)
+        if found is None:
+            found = self._node[rank] = self.cluster.node_of(rank)
+        return found
+
+    def ranks_of_node(self, node: int) -> list[int]:
+        """`cluster.ranks_of_node`, remembered."""
+        if node not in self._ranks:
+            self._ranks[node] = self.cluster.ranks_of_node(node)
+        return self._ranks[node]
+
+    def link(self, link_id: str) -> Link:
+        """`cluster.link`, remembered."""
+        if link_id not in self._link:
+            self._link[link_id] = self.cluster.link(link_id)
+        return self._link[link_id]
+
+
+class CommLowering:
+    """Plans collectives on a cluster and appends them as tasks to a `TaskTableBuilder`.
+
+    Args:
+        cluster: the Cluster (paths, links).
+        algorithm: all-reduce algorithm ("auto", "ring", "tree", "hierarchical").
+        builder: where tasks go (name, kind, stream and link codes are the builder's).
+    """
+
+    def __init__(self, cluster: Cluster, algorithm: str, builder: TaskTableBuilder) -> None:
+        self.topology = MemoTopology(cluster)
+        self.algorithm = algorithm
+        self.builder = builder
+        self.links: dict[str, float] = {}
+        """Bandwidth of every (possibly virtual ``l/n``) link a task crosses."""
+        self._phase_cache: dict[tuple[str, tuple[int, ...], float], tuple[CommPhase, ...]] = {}
+        self._load_cache: dict[tuple[tuple[Need, ...], tuple[tuple[int, ...], ...]],
+                               dict[str, int]] = {}
+        self._template_cache: dict[tuple[tuple[Need, ...], Hashable], Template] = {}
+
+    def phases(self, kind: str, group: tuple[int, ...], size: float) -> tuple[CommPhase, ...]:
+        """The planned phases of one collective on physical ranks `group` (cached)."""
+        key = (kind, group, size)
+        if key not in self._phase_cache:
+            algorithm = self.algorithm if kind == "all_reduce" else "auto"
+            self._phase_cache[key] = tuple(
+                plan_collective(kind, group, size, self.topology, algorithm))
+        return self._phase_cache[key]
+
+    def link_load(self, needs: Sequence[Need], copies: Sequence[tuple[int, ...]]
+                  ) -> dict[str, int]:
+        """How many of the concurrent `copies` cross each link (a copy counts once per link)."""
+        key = (tuple(needs), tuple(copies))
+        if key not in self._load_cache:
+            load: Counter[str] = Counter()
+            for group in copies:
+                used: set[str] = set()
+                for kind, size in needs:
+                    for phase in self.phases(kind, group, size):
+                        used.update(phase.links)
+                load.update(used)
+            self._load_cache[key] = dict(load)
+        return self._load_cache[key]
+
+    def tasks(self, needs: Sequence[Need], *, name: int, arg: int, kind: int, stream: int,
+              prog_ranks: tuple[int, ...], copies: Sequence[tuple[int, ...]],
+              deps: Sequence[int], meta: Meta, alloc_bytes: float = 0.0,
+              key: Hashable = None) -> list[int]:
+        """Tasks running `needs` one after another over `copies[0]`; returns their ids in order.
+
+        `copies` lists every physical group running the same collectives at the same time
+        (several when folded, else just the one). `name`, `kind` and `stream` are builder
+        codes, `arg` the name's argument; every task allocates `alloc_bytes` at its start.
+        `key`, when given, stands for `copies` in the plan cache (the caller promises one key
+        always comes with the same copies), which spares hashing long lists of groups. Returns
+        [] when nothing moves (a group of one rank, or no needs).
+        """
+        return self.emit(self.template(needs, copies, key), name=name, arg=arg, kind=kind,
+                         stream=stream, prog_ranks=prog_ranks, deps=deps, meta=meta,
+                         alloc_bytes=alloc_bytes)
+
+    def template(self, needs: Sequence[Need], copies: Sequence[tuple[int, ...]],
+                 key: Hashable = None) -> Template:
+        """(latency, bytes per link, link codes) of each task `tasks` would create for `needs`
+        over `copies` (cached; `key` as for `tasks`)."""
+        chain = tuple(needs)
+        cache_key = (chain, key) if key is not None else (chain, tuple(copies))
+        template = self._template_cache.get(cache_key)
+        if template is None:
+            template = self._template_cache[cache_key] = self._template(chain, tuple(copies))
+        return template
+
+    def emit_planned(self, planned: PlannedComm, deps: Sequence[int], arg: int, meta: Meta
+                     ) -> list[int]:
+        """Append a `PlannedComm` chain after `deps` with name argument `arg`; ids in order."""
+        ids: list[int] = []
+        prev: Sequence[int] = deps
+        add = self.builder.add
+        mb, stage, first, last = meta
+        name, kind, stream, ranks = planned.name, planned.kind, planned.stream, planned.prog_ranks
+        for latency_s, nbytes, links in planned.template:
+            tid = add(name, arg, kind, stream, ranks, latency_s, nbytes, links, prev, 0.0, 0.0,
+                      0.0, math.nan, mb, stage, first, last)
+            prev = (tid,)
+            ids.append(tid)
+        return ids
+
+    def emit(self, template: Template, *, name: int, arg: int,
+             kind: int, stream: int, prog_ranks: tuple[int, ...], deps: Sequence[int],
+             meta: Meta, alloc_bytes: float = 0.0) -> list[int]:
+        """Append the chain of tasks of a `template` (each after the previous, the first after
+        `deps`); returns their ids."""
+        ids: list[int] = []
+        prev: Sequence[int] = deps
+        add = self.builder.add
+        mb, stage, first, last = meta
+        for latency_s, nbytes, links in template:
+            tid = add(name, arg, kind, stream, prog_ranks, latency_s, nbytes, links, prev,
+                      alloc_bytes, 0.0, 0.0, math.nan, mb, stage, first, last)
+            prev = (tid,)
+            ids.append(tid)
+        return ids
+
+    def _template(self, needs: tuple[Need, ...], copies: tuple[tuple[int, ...], ...]
+                  ) -> Template:
+        """(latency, bytes per link, link codes) of each task `tasks` creates: lowering asks
+        for the same collective on the same groups once per micro-batch, so it is cached."""
+        out: list[tuple[float, float, tuple[int, ...]]] = []
+        group = copies[0]
+        phases = [ph for k, size in needs if size > 0 for ph in self.phases(k, group, size)] \
+            if len(group) >= 2 else []
+        load = self.link_load(needs, copies) if len(copies) > 1 and phases else {}
+        for merged in merge_phases(phases):
+            links: list[int] = []
+            for link in merged.links if merged.bytes_per_link > 0 else ():
+                n = load.get(link, 1)
+                lid = link if n <= 1 else f"{link}/{n}"
+                self.links.setdefault(lid, self.topology.link(link).bandwidth_bytes_per_s / n)
+                links.append(self.builder.link(lid))
+            out.append((merged.latency_s, merged.bytes_per_link if links else 0.0, tuple(links)))
+        return out
+
+
+def cross_unit(comm: CommLowering, layout: LoweringLayout, s: int,
+               groups: list[tuple[int, ...]], needs: list[Need], *, name: int, arg: int,
+               kind: int, stream: int, last: dict[int, list[int]], meta: Meta,
+               alloc_bytes: float = 0.0, key: Hashable = None) -> dict[int, list[int]]:
+    """Collectives over groups that may span several units of physical stage `s` (expert-
+    parallel all-to-alls, ZeRO-3 parameter gathers): each group waits for `last` of every unit
+    it touches, and every unit then waits for the groups holding its ranks. Returns the new
+    `last` (per unit, what its next step waits for)."""
+    if not needs or not layout.opt.communication or len(groups[0]) < 2:
+        return last
+    if layout.fold:
+        ids = comm.tasks(needs, name=name, arg=arg, kind=kind, stream=stream, prog_ranks=(s,),
+                         copies=groups, deps=last[0], meta=meta, alloc_bytes=alloc_bytes,
+                         key=key)
+        return {0: ids[-1:] or last[0]}
+    unit_of = layout.unit_of(s)
+    out: dict[int, list[int]] = {u: [] for u in last}
+    for group in groups:
+        touched = sorted({unit_of[r] for r in group})
+        deps = sorted({d for u in touched for d in last[u]})
+        ids = comm.tasks(needs, name=name, arg=arg, kind=kind, stream=stream, prog_ranks=group,
+                         copies=[group], deps=deps, meta=meta, alloc_bytes=alloc_bytes)
+        for u in touched:
+            out[u] += ids[-1:] or last[u]
+    return {u: sorted(set(v)) for u, v in out.items()}
+
+
+def merge_phases(phases: Sequence[CommPhase]) -> list[CommPhase]:
+    """Merge consecutive phases over the same links into one (same time alone, fewer tasks):
+    latencies and bytes add."""
+    out: list[CommPhase] = []
+    for ph in phases:
+        if out and out[-1].links == ph.links:
+            prev = out[-1]
+            out[-1] = CommPhase(name=prev.name, ranks=prev.ranks,
+                                latency_s=prev.latency_s + ph.latency_s,
+                                bytes_per_link=prev.bytes_per_link + ph.bytes_per_link,
+                                links=prev.links)
+        else:
+            out.append(ph)
+    return out
+
+
+def kind_of(needs: Sequence[Need]) -> str:
+    """Task kind for a run of collectives: the collective's name if they are all one kind."""
+    kinds = {k for k, _ in needs}
+    return kinds.pop() if len(kinds) == 1 else "tp_comm"
+
+
+__all__ = ["NO_META", "CommLowering", "MemoTopology", "Meta", "Need", "PlannedComm", "Template",
+           "cross_unit", "kind_of", "merge_phases"]

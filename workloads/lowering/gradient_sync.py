@@ -1,0 +1,158 @@
+"""Gradient and parameter synchronisation in the lowering: data-parallel gradient buckets,
+ZeRO-3 parameter gathers, and the optimizer step (with ZeRO-1/2's parameter all-gather).
+
+`GradientSync` is given what it needs by the lowering (lower.py): the layout (plan, groups,
+costs), the task builder and the collective lowering it appends to. It records the dp tails
+the optimizer step waits for. Kept apart from the per-instruction emission because it runs once
+per stage, not once per micro-batch, and holds the ZeRO memory model.
+"""
+
+from __future__ import annotations
+
+from trainsim.simulator.actions import Action
+from trainsim.simulator.task_table import TaskTableBuilder
+from trainsim.workloads.lowering.comm import NO_META, CommLowering, Meta, cross_unit
+from trainsim.workloads.lowering.layout import LoweringLayout
+from trainsim.workloads.op_work import InstructionCosts
+from trainsim.workloads.stage_costs import (
+    ADAM_STEP_BYTES_PER_PARAM,
+    ADAM_STEP_FLOPS_PER_PARAM,
+    optimizer_bytes_per_param,
+)
+
+
+class GradientSync:
+    """Data-parallel and ZeRO traffic plus the optimizer step of one lowering.
+
+    Args:
+        layout: the lowering's layout (plan, options, groups, costs).
+        comm: the collective lowering tasks are planned with.
+        builder: the task builder everything is appended to.
+        compute_stream: the builder's code of the "compute" stream (the optimizer step's).
+    """
+
+    def __init__(self, layout: LoweringLayout, comm: CommLowering, builder: TaskTableBuilder,
+                 compute_stream: int) -> None:
+        self.layout = layout
+        self.plan = layout.plan
+        self.opt = layout.opt
+        self.comm = comm
+        self.b = builder
+        self.compute_stream = compute_stream
+        self.dp_tail: dict[int, list[int]] = {r: [] for r in range(layout.num_ranks)}
+        """Program rank -> its gradient-reduction tasks (the optimizer step waits for them)."""
+
+    def zero3_bytes(self, phys: int, c: InstructionCosts) -> float:
+        """Gathered-parameter bytes a rank holds during a ZeRO-3 pass.
+
+        The whole stage's parameters cross the network, but ZeRO-3 gathers them module by module
+        and frees each after use, prefetching the next (Rajbhandari et al. 2020, §5.3; DeepSpeed's
+        prefetch bucket): at most about two layers' gathered weights are resident at once, never
+        more than the stage's. The shard a rank owns is already in its static memory.
+        """
+        dp = self.plan.dp_of_stage(phys)
+        weight_bytes = optimizer_bytes_per_param(self.plan.dtype)[0]
+        stage_bytes = c.params * weight_bytes
+        layer_bytes = self.layout.largest_layer_params(phys) * weight_bytes
+        return min(stage_bytes, 2 * layer_bytes) * (dp - 1) / dp
+
+    def zero3_gather(self, a: Action, phys: int, c: InstructionCosts, meta: Meta,
+                     history: dict[tuple[int, int], list[int]]) -> dict[int, list[int]] | None:
+        """ZeRO-3 (Rajbhandari et al. 2020, §5.3): every forward, and every backward that needs
+        the weights (B, I; not W), first all-gathers the stage's parameters over the
+        data-parallel group, held until the pass ends. The gather is prefetched: it may start
+        once the rank's compute two instructions earlier has ended (so it overlaps the previous
+        instruction, and at most two gathered copies are alive). `history` holds each
+        (stage, unit)'s compute tasks so far."""
+        plan, layout = self.plan, self.layout
+        if plan.zero < 3 or a.kind == "W" or plan.dp_of_stage(phys) < 2 \
+                or not self.opt.communication:
+            return None
+        size = c.params * optimizer_bytes_per_param(plan.dtype)[0]
+        prefetch = {u: history.get((phys, u), [])[-2:-1]
+                    for u in range(len(layout.units(phys)))}
+        b = self.b
+        return cross_unit(self.comm, layout, phys, layout.dp_groups(phys),
+                          [("all_gather", size)],
+                          name=b.name_template(f"s{a.stage}.{a.stage}{a.kind}%d.gather"),
+                          arg=a.micro_batch, kind=b.kind("all_gather"), stream=b.stream("dp"),
+                          last=prefetch, meta=meta, alloc_bytes=self.zero3_bytes(phys, c),
+                          key=("dp", phys))
+
+    def buckets(self, c: InstructionCosts) -> int:
+        """Gradient buckets of a stage (bucket size from the options, 1..16)."""
+        grad_bytes = c.params * optimizer_bytes_per_param(self.plan.dtype)[1]
+        return max(1, min(16, round(grad_bytes / self.opt.dp_bucket_bytes)))
+
+    def dp_sync(self, k: int, phys: int, c: InstructionCosts,
+                per_bucket: list[dict[int, int]]) -> None:
+        """Data-parallel gradient reduction of each bucket as soon as its backward part ends
+        (PyTorch DDP / Megatron overlap_grad_reduce); reduce-scatter under ZeRO >= 1."""
+        per_param = optimizer_bytes_per_param(self.plan.dtype)[1]
+        kind = "all_reduce" if self.plan.zero == 0 else "reduce_scatter"
+        n = len(per_bucket)
+        b = self.b
+        kind_code, stream = b.kind(kind), b.stream("dp")
+        meta = (-1, k, -1, -1)
+        fold = self.layout.fold
+        for bucket in range(n):
+            name = b.name_template(f"s{k}.dp" + ("" if n == 1 else f".b{bucket}"))
+            for copies, params in self.grad_groups(phys, c):
+                grad_bytes = params * per_param
+                groups = [((phys,), copies)] if fold else [(g, [g]) for g in copies]
+                for prog, cps in groups:
+                    ids = self.comm.tasks([(kind, grad_bytes / n)], name=name, arg=-1,
+                                          kind=kind_code, stream=stream, prog_ranks=prog,
+                                          copies=cps,
+                                          deps=[per_bucket[bucket][r] for r in prog], meta=meta)
+                    for r in prog:
+                        self.dp_tail[r].extend(ids[-1:])
+
+    def grad_groups(self, phys: int, c: InstructionCosts
+                    ) -> list[tuple[list[tuple[int, ...]], float]]:
+        """(data-parallel groups, parameters per GPU whose gradients they reduce): the stage's
+        dp groups for all its parameters, or, where ops have their own tp degrees
+        (`params_by_tp`), for each degree t its t groups `ranks[k::t]` (each op's replicas)."""
+        by_tp = c.params_by_tp
+        if not by_tp:
+            return [(self.layout.dp_groups(phys), c.params)]
+        ranks = self.layout.stage_gpu_ranks[phys]
+        return [([tuple(ranks[i::t]) for i in range(t)], params) for t, params in by_tp
+                if params > 0 and len(ranks) // t > 1]
+
+    def optimizer_step(self, last_compute: dict[int, int]) -> None:
+        """The Adam step on each rank after its last compute (`last_compute`: program rank ->
+        its last compute task) and gradient reduction; under ZeRO-1/2 each rank updates its
+        1/dp shard and the shards are all-gathered (ZeRO-3 keeps the parameters sharded and
+        gathers them before each pass instead)."""
+        plan, b, layout = self.plan, self.b, self.layout
+        step: dict[int, int] = {}
+        name, kind = b.name_template("optimizer"), b.kind("optimizer")
+        for p in range(layout.num_ranks):
+            phys_stage = layout.phys_stage_of_prog(p)
+            params = layout.local_params(phys_stage)
+            updated = params / plan.dp_of_stage(phys_stage) if plan.zero >= 1 else params
+            gpu = layout.cluster.gpu(layout.represents[p][0])
+            est = layout.cost_model.estimate("elementwise", ADAM_STEP_FLOPS_PER_PARAM * updated,
+                                             ADAM_STEP_BYTES_PER_PARAM * updated, gpu, None,
+                                             "fp32", None)
+            deps = sorted(set(self.dp_tail.get(p, [])))
+            if p in last_compute:
+                deps.append(last_compute[p])
+            step[p] = b.add(name, -1, kind, self.compute_stream, (p,), est.time_s, 0.0, (), deps,
+                            0.0, 0.0, est.power_w, gpu.sm_clock_max_mhz, *NO_META)
+        if plan.zero not in (1, 2) or not self.opt.communication:
+            return
+        w_bytes = optimizer_bytes_per_param(plan.dtype)[0]
+        name, kind, stream = (b.name_template("params.all_gather"), b.kind("all_gather"),
+                              b.stream("dp"))
+        for s in range(plan.pp):
+            if plan.dp_of_stage(s) < 2:
+                continue
+            size = layout.local_params(s) * w_bytes
+            groups = layout.dp_groups(s)
+            calls = [((s,), groups)] if layout.fold else [(g, [g]) for g in groups]
+            for prog, copies in calls:
+                self.comm.tasks([("all_gather", size)], name=name, arg=-1, kind=kind,
+                                stream=stream, prog_ranks=prog, copies=copies,
+                                deps=[step[r] for r in prog], meta=NO_META)

@@ -1,0 +1,370 @@
+"""Where a lowered plan puts things: stage placement, schedule, layer partition, per-stage
+costs and the tensor/data/expert-parallel groups (the half of lowering that creates no tasks).
+
+`LoweringLayout` is what the task-emitting half (lower.py, gradient_sync.py) holds and asks;
+`stage_layout()` exposes the same partition and cost path to planners that must predict exactly
+what `lower` emits (the energy planner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainsim.errors import PlanError
+from trainsim.hwmodels.cluster import Cluster
+from trainsim.hwmodels.opcost import OpCostModel, RooflineCostModel
+from trainsim.simulator.actions import Action, infer_stage_to_rank
+from trainsim.simulator.schedules import explicit, get_schedule
+from trainsim.workloads.lowering.options import LoweringOptions
+from trainsim.workloads.model import ModelGraph, ModelSpec, build_graph
+from trainsim.workloads.op_parallel import stage_op_degrees
+from trainsim.workloads.op_work import InstructionCosts
+from trainsim.workloads.plan import MicroBatch, ParallelPlan
+from trainsim.workloads.stage_costs import instruction_costs
+
+MbKey = tuple[int, int]
+"""(batch size, sequence length) of a micro-batch: what its graph and costs depend on."""
+
+Unit = tuple[tuple[int, ...], tuple[int, ...]]
+"""(program ranks, physical tp group) of one replica unit of a stage."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageLayout:
+    """How `lower` lays a plan out, and what each virtual stage's instructions cost: the
+    public view of the lowering's partition and cost path, for planners that must predict
+    exactly what `lower` emits (the energy planner, search/energy/profile.py)."""
+
+    stage_layers: tuple[tuple[int, ...], ...]
+    """Model-graph layer indices of each virtual stage."""
+    stage_to_rank: tuple[int, ...]
+    """Physical pipeline stage of each virtual stage."""
+    stage_gpu_ranks: tuple[tuple[int, ...], ...]
+    """Physical GPU ranks of each physical stage ([dp replica][tp index])."""
+    micro_batch_shapes: tuple[tuple[int, int], ...]
+    """(batch size, sequence length) of every micro-batch."""
+    folded: bool
+    """True when each physical stage is one program rank standing for all its GPUs."""
+    costs: dict[tuple[int, float | None], InstructionCosts]
+    """(virtual stage, SM clock MHz or None = the GPU's maximum) -> the costs `lower` uses
+    for that stage's instructions on the first micro-batch's shape."""
+
+
+def stage_layout(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
+                 freqs_mhz: tuple[float | None, ...] = (None,),
+                 options: LoweringOptions | None = None) -> StageLayout:
+    """The stage partition, placement and per-clock instruction costs `lower` would use.
+
+    Args:
+        model, cluster, plan: As for `lower` (the plan is checked).
+        freqs_mhz: SM clocks to cost every virtual stage at (None = the GPU's maximum).
+        options: Lowering options (the cost model, embedding/head placement, folding).
+    """
+    plan.check(model, cluster)
+    low = LoweringLayout(model, cluster, plan, options or LoweringOptions())
+    key = low.mb_key(0)
+    costs = {(k, f): low.costs(k, key, f) for k in range(plan.num_stages) for f in freqs_mhz}
+    return StageLayout(
+        stage_layers=tuple(tuple(s) for s in low.stage_layers),
+        stage_to_rank=tuple(low.stage_to_rank[k] for k in range(plan.num_stages)),
+        stage_gpu_ranks=tuple(tuple(r) for r in low.stage_gpu_ranks),
+        micro_batch_shapes=tuple((mb.batch_size, mb.seq_len) for mb in low.micro_batches),
+        folded=low.fold, costs=costs)
+
+
+class LoweringLayout:
+    """Placement, schedule, partition, costs and groups of one lowering.
+
+    Lowering asks for the same costs and groups once per instruction, so each answer is
+    worked out once and the same (read-only) object returned after; the caches live on this
+    object (not `functools.cache`, whose class-wide cache would keep every lowering alive).
+    """
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
+                 options: LoweringOptions) -> None:
+        self.model, self.cluster, self.plan, self.opt = model, cluster, plan, options
+        self.cost_model: OpCostModel = (RooflineCostModel() if options.cost_model is None
+                                        else options.cost_model)
+        self.micro_batches = plan.micro_batch_list(model.seq_len or 1)
+        self.stage_gpu_ranks = self._place_stages()
+        self.order = self._schedule()
+        self.stage_to_rank = infer_stage_to_rank(self.order) if plan.num_stages > 1 \
+            else {0: 0}
+        self._check_stage_map()
+        self.graphs: dict[MbKey, ModelGraph] = {}
+        self._costs: dict[tuple[int, MbKey, float | None], InstructionCosts] = {}
+        self._tp_groups: dict[int, list[tuple[int, ...]]] = {}
+        self._dp_groups: dict[int, list[tuple[int, ...]]] = {}
+        self._ep_groups: dict[int, list[tuple[int, ...]]] = {}
+        self._units: dict[int, list[Unit]] = {}
+        self._unit_of: dict[int, dict[int, int]] = {}
+        self._boundary: dict[tuple[int, MbKey], float] = {}
+        self._largest_layer: dict[int, float] = {}
+        self.stage_layers = self._partition()
+        self.fold = options.fold and all(self._uniform_gpu(s) for s in range(plan.pp))
+        # program ranks: folded → one per physical stage; unfolded → one per GPU
+        if self.fold:
+            self.num_ranks = plan.pp
+            self.represents = [tuple(self.stage_gpu_ranks[s]) for s in range(plan.pp)]
+        else:
+            self.num_ranks = cluster.num_gpus
+            self.represents = [(r,) for r in range(cluster.num_gpus)]
+        self.rank_stage = {r: s for s, ranks in enumerate(self.stage_gpu_ranks) for r in ranks}
+
+    # ------------------------------------------------------------------ placement & schedule
+    def _place_stages(self) -> list[list[int]]:
+        """Physical ranks of each pipeline stage, laid out [dp replica][tp index] (Megatron:
+        tp innermost, then dp, then pp), filling node groups in order or as `placement` says."""
+        plan, cluster = self.plan, self.cluster
+        if plan.placement is None:
+            out, first = [], 0
+            for s in range(plan.pp):
+                n = plan.gpus_of_stage(s)
+                out.append(list(range(first, first + n)))
+                first += n
+            return out
+        starts, offset = [], 0
+        for group in cluster.node_groups:
+            starts.append(offset)
+            offset += group.num_gpus
+        used = [0] * len(starts)
+        out = []
+        for s, g in enumerate(plan.placement):
+            n = plan.gpus_of_stage(s)
+            first = starts[g] + used[g]
+            out.append(list(range(first, first + n)))
+            used[g] += n
+        return out
+
+    def _schedule(self) -> dict[int, list[Action]]:
+        plan = self.plan
+        m = len(self.micro_batches)
+        if plan.schedule == "explicit":
+            order = explicit({r: list(a) for r, a in enumerate(plan.order or ())},
+                             num_micro_batches=m)
+        else:
+            order = get_schedule(plan.schedule)(plan.pp, m, plan.virtual_stages)
+        return {r: [a for a in acts if a is not None] for r, acts in order.items()}
+
+    def _check_stage_map(self) -> None:
+        plan = self.plan
+        stages = sorted(self.stage_to_rank)
+        if stages != list(range(plan.num_stages)):
+            raise PlanError(f"plan schedule {plan.schedule!r} runs stages {stages} but the plan "
+                            f"has pp×virtual_stages={plan.num_stages} stages")
+
+    def _uniform_gpu(self, stage: int) -> bool:
+        ranks = self.stage_gpu_ranks[stage]
+        return len({self.cluster.gpu(r).name for r in ranks}) == 1
+
+    def _partition(self) -> list[list[int]]:
+        """Layer indices of each virtual stage: blocks split per the plan, layers before the
+        first block join stage 0, other non-block layers join the stage of the block before."""
+        graph = self.graph(self.micro_batches[0])
+        counts = self.plan.layers_per_stage(len(graph.transformer_layers()))
+        out: list[list[int]] = [[] for _ in counts]
+        stage, seen = 0, 0
+        for i, layer in enumerate(graph.layers):
+            if layer.recomputable:
+                while seen >= counts[stage]:
+                    stage, seen = stage + 1, 0
+                out[stage].append(i)
+                seen += 1
+            elif self.opt.embedding_and_head:
+                out[stage].append(i)
+        return out
+
+    def graph(self, mb: MicroBatch) -> ModelGraph:
+        key = (mb.batch_size, mb.seq_len)
+        if key not in self.graphs:
+            seq = None if self.model.family == "wresnet" else mb.seq_len
+            self.graphs[key] = build_graph(self.model, mb.batch_size, seq)
+        return self.graphs[key]
+
+    # ------------------------------------------------------------------ costs
+    def phys_stage(self, vstage: int) -> int:
+        return self.stage_to_rank[vstage]
+
+    def freq(self, vstage: int, action: Action | None) -> float | None:
+        if not self.plan.instruction_freq_mhz:  # skip formatting the action: a hot path
+            return self.plan.frequency_of(self.phys_stage(vstage), None)
+        return self.plan.frequency_of(self.phys_stage(vstage), str(action) if action else None)
+
+    def stage_graph(self, phys: int, mb_key: MbKey) -> ModelGraph:
+        """The graph one replica of physical stage `phys` runs for micro-batch shape `mb_key`
+        (with `stage_gpus`, the micro-batch split over the stage's data-parallel replicas)."""
+        b = self.plan.replica_batch(phys, mb_key[0])
+        if b == mb_key[0]:
+            return self.graphs[mb_key]
+        return self.graph(MicroBatch(batch_size=b, seq_len=mb_key[1]))
+
+    def costs(self, vstage: int, mb_key: MbKey, freq: float | None) -> InstructionCosts:
+        """What virtual stage `vstage`'s instructions cost for micro-batch shape `mb_key` at
+        SM clock `freq` (None: the GPU's maximum); cached."""
+        key = (vstage, mb_key, freq)
+        found = self._costs.get(key)
+        if found is None:
+            found = self._costs[key] = self._stage_costs(vstage, mb_key, freq)
+        return found
+
+    def _stage_costs(self, vstage: int, mb_key: MbKey, freq: float | None) -> InstructionCosts:
+        s = self.phys_stage(vstage)
+        graph = self.stage_graph(s, mb_key)
+        layers = [graph.layers[i] for i in self.stage_layers[vstage]]
+        gpu = self.cluster.gpu(self.stage_gpu_ranks[s][0])
+        degrees = None
+        if self.has_op_tp(s):  # per-op degrees (Aceso): costed by workloads/op_parallel.py
+            idx = self.stage_layers[vstage]
+            degrees = stage_op_degrees(
+                self.plan, s, self.plan.replica_batch(s, mb_key[0]),
+                lambda b: [self.graph(MicroBatch(batch_size=b, seq_len=mb_key[1])).layers[i]
+                           for i in idx])
+        return instruction_costs(layers, tp=self.plan.tp_of_stage(s), sp=self.plan.sp,
+                                 ep=self.plan.ep, recompute=self.plan.recompute_of_stage(s),
+                                 cost_model=self.cost_model, gpu=gpu, freq_mhz=freq,
+                                 dtype=self.plan.dtype, op_degrees=degrees)
+
+    def has_op_tp(self, s: int) -> bool:
+        """Whether some op of physical stage `s` has its own tensor-parallel degree (then the
+        stage is one replica unit, so every per-op group lies inside it)."""
+        return self.plan.has_op_tp(s)
+
+    # ------------------------------------------------------------------ groups
+    def tp_groups(self, s: int) -> list[tuple[int, ...]]:
+        """Physical tensor-parallel groups of stage `s` (consecutive ranks, tp innermost)."""
+        found = self._tp_groups.get(s)
+        if found is None:
+            t = self.plan.tp_of_stage(s)
+            ranks = self.stage_gpu_ranks[s]
+            found = self._tp_groups[s] = [tuple(ranks[i:i + t])
+                                          for i in range(0, len(ranks), t)]
+        return found
+
+    def dp_groups(self, s: int) -> list[tuple[int, ...]]:
+        """Physical data-parallel groups of stage `s` (one per tp index)."""
+        found = self._dp_groups.get(s)
+        if found is None:
+            t = self.plan.tp_of_stage(s)
+            ranks = self.stage_gpu_ranks[s]
+            found = self._dp_groups[s] = [tuple(ranks[i::t]) for i in range(t)]
+        return found
+
+    def ep_groups(self, s: int) -> list[tuple[int, ...]]:
+        """Physical expert-parallel groups of stage `s`: `ep` consecutive data-parallel ranks
+        of one tp index (DeepSpeed-MoE's layout) when ep divides the stage's dp degree, else
+        `ep` consecutive ranks of the stage (experts then span tensor-parallel ranks too)."""
+        found = self._ep_groups.get(s)
+        if found is None:
+            ep, ranks = self.plan.ep, self.stage_gpu_ranks[s]
+            if self.plan.dp_of_stage(s) % ep == 0:
+                found = [g[i:i + ep] for g in self.dp_groups(s) for i in range(0, len(g), ep)]
+            else:
+                found = [tuple(ranks[i:i + ep]) for i in range(0, len(ranks), ep)]
+            self._ep_groups[s] = found
+        return found
+
+    def units(self, s: int) -> list[Unit]:
+        """(program ranks, physical tp group) per replica unit of stage `s`: the whole folded
+        stage, or each tensor-parallel group when unfolded (the whole stage when its ops have
+        their own degrees: their groups of different sizes must lie inside one unit)."""
+        found = self._units.get(s)
+        if found is None:
+            if self.fold:
+                found = [((s,), self.tp_groups(s)[0])]
+            elif self.has_op_tp(s):
+                ranks = tuple(self.stage_gpu_ranks[s])
+                found = [(ranks, ranks)]
+            else:
+                found = [(g, g) for g in self.tp_groups(s)]
+            self._units[s] = found
+        return found
+
+    def unit_of(self, s: int) -> dict[int, int]:
+        """Program rank -> replica unit index of physical stage `s` (cached)."""
+        found = self._unit_of.get(s)
+        if found is None:
+            found = self._unit_of[s] = {r: u for u, (prog, _) in enumerate(self.units(s))
+                                        for r in prog}
+        return found
+
+    def mb_key(self, j: int) -> MbKey:
+        """(batch size, sequence length) of micro-batch `j`."""
+        mb = self.micro_batches[j]
+        return (mb.batch_size, mb.seq_len)
+
+    def phys_stage_of_prog(self, p: int) -> int:
+        """Physical stage program rank `p` belongs to."""
+        if self.fold:
+            return p
+        return self.rank_stage[p]
+
+    def local_params(self, phys_stage: int) -> float:
+        """Parameters one GPU of physical stage `phys_stage` holds (all its virtual stages)."""
+        key = self.mb_key(0)
+        return float(sum(self.costs(k, key, None).params
+                         for k in self.stage_layers_idx(phys_stage)))
+
+    def stage_layers_idx(self, phys_stage: int) -> list[int]:
+        """Virtual stages of physical stage `phys_stage`."""
+        return [k for k, r in self.stage_to_rank.items() if r == phys_stage]
+
+    def largest_layer_params(self, phys: int) -> float:
+        """Parameters per GPU of the largest layer on physical stage `phys` (cached)."""
+        found = self._largest_layer.get(phys)
+        if found is None:
+            graph = self.graph(self.micro_batches[0])
+            tp = self.plan.tp_of_stage(phys)
+            found = self._largest_layer[phys] = max(
+                (sum(op.params for op in graph.layers[i].sharded_ops(tp, self.plan.sp,
+                                                                      self.plan.ep))
+                 for k in self.stage_layers_idx(phys) for i in self.stage_layers[k]),
+                default=0)
+        return found
+
+    # ------------------------------------------------------------------ stage boundaries
+    def boundary_bytes(self, k: int, j: int) -> float:
+        """Bytes crossing the boundary after virtual stage `k` for micro-batch `j` (per GPU);
+        cached per micro-batch shape."""
+        key = (k, self.mb_key(j))
+        found = self._boundary.get(key)
+        if found is None:
+            found = self._boundary[key] = self._boundary_bytes(k, j)
+        return found
+
+    def _boundary_bytes(self, k: int, j: int) -> float:
+        """Bytes crossing the boundary after virtual stage `k` for micro-batch `j` (per GPU):
+        the last layer's output, plus the encoder output when layers after the boundary
+        still read it (T5 cross attention; Megatron-LM sends both through its pipeline)."""
+        key = self.mb_key(j)
+        size = self.costs(k, key, None).output_bytes
+        layers = self.graphs[key].layers
+        cut = self.stage_layers[k][-1] + 1
+        side = max((la.side_input_bytes for la in layers[cut:]), default=0.0)
+        if side > 0:
+            first_reader = next(i for i, la in enumerate(layers) if la.side_input_bytes > 0)
+            if cut >= first_reader - 1:  # the encoder has finished before the boundary
+                div = self.plan.tp_of_stage(self.phys_stage(k)) if self.plan.sp else 1
+                size += side / div
+        return size
+
+    def p2p_pairs(self, src_s: int, dst_s: int, size: float, j: int
+                  ) -> tuple[list[tuple[int, int]], float]:
+        """(src, dst) GPU pairs of a stage-boundary transfer and the bytes of each.
+
+        Equal stages pair GPU i with GPU i (Megatron). Stages of different sizes (`stage_gpus`)
+        pair the n = max(|src|, |dst|) slots round-robin; each pair carries the smaller of
+        what a source GPU holds and what a destination GPU needs, per slot: `size` (one source
+        GPU's boundary tensor) × |src| / n, and the same tensor at the destination's replica
+        batch × |dst| / n. This reshards data-parallel splits exactly (1 GPU → 4 GPUs sends four
+        quarters) and counts a tensor-parallel group's replicated activations once per GPU.
+        """
+        src, dst = self.stage_gpu_ranks[src_s], self.stage_gpu_ranks[dst_s]
+        if len(src) == len(dst) and self.plan.stage_gpus is None:
+            return list(zip(src, dst)), size
+        n = max(len(src), len(dst))
+        pairs = [(src[i * len(src) // n], dst[i * len(dst) // n]) for i in range(n)]
+        b = self.micro_batches[j].batch_size
+        src_b = self.plan.replica_batch(src_s, b)
+        dst_b = self.plan.replica_batch(dst_s, b)
+        per_pair = min(size * len(src) / n, size * dst_b / src_b * len(dst) / n)
+        return pairs, per_pair

@@ -1,0 +1,481 @@
+"""Lowering: ParallelPlan + model + cluster → Program (DESIGN.md §2).
+
+One training iteration becomes tasks on per-rank streams:
+
+* ``compute`` — each pipeline instruction (forward, backward or its input/weight halves,
+  recompute) of each micro-batch as one task, timed by summing the op cost model over the
+  stage's ops (stage_costs.py), and the optimizer step at the end;
+* ``tp`` — the tensor-parallel collectives of that instruction, right after it (Megatron runs
+  them synchronously between GEMMs, so their sum after the compute gives the same total time);
+* ``pp:<src>><dst>`` — point-to-point activation/gradient transfers between consecutive stages,
+  one FIFO channel per stage boundary and direction, shared by both ends;
+* ``ep`` — expert-parallel all-to-alls (MoE dispatch/combine) over each stage's ep groups;
+* ``dp`` — data-parallel gradient synchronisation, bucketed (PyTorch DDP's 25 MiB default) and
+  overlapped with the last micro-batch's backward, plus ZeRO traffic (ZeRO-1/2 parameter
+  all-gather after the step; ZeRO-3 parameter gathers before every pass).
+
+The lowering is a small package: `layout.py` places stages, partitions layers, costs
+instructions and forms groups (no tasks); `comm.py` turns collectives into tasks on real links
+(`CommLowering`); `gradient_sync.py` emits the data-parallel and ZeRO traffic and the optimizer
+step (`GradientSync`); this module walks the schedule and emits each instruction's tasks.
+
+**Folding.** Members of one tensor-parallel group and data-parallel replicas behave identically,
+so by default each pipeline stage is one program rank standing for its dp×tp GPUs. A folded
+collective keeps its real links; where N folded copies would cross one link at once (the tp
+groups' data-parallel all-reduces through one NIC), it crosses that link as ``<id>/N`` with
+1/N of its bandwidth, so alone it takes exactly as long as the N concurrent copies would.
+`LoweringOptions(fold=False)` lowers every GPU as its own rank (stages whose GPUs are of mixed
+types are never folded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from trainsim.hwmodels.cluster import Cluster
+from trainsim.simulator.actions import Action
+from trainsim.simulator.program import Program, ProgramInfo
+from trainsim.simulator.task_table import TaskTableBuilder
+from trainsim.workloads.lowering.comm import (
+    CommLowering,
+    Meta,
+    Need,
+    PlannedComm,
+    cross_unit,
+    kind_of,
+)
+from trainsim.workloads.lowering.gradient_sync import GradientSync
+from trainsim.workloads.lowering.layout import LoweringLayout, MbKey, Unit
+from trainsim.workloads.lowering.options import LoweringOptions
+from trainsim.workloads.model import ModelSpec
+from trainsim.workloads.op_work import InstructionCosts, Work
+from trainsim.workloads.ops import CommNeed
+from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.stage_costs import optimizer_bytes_per_param
+
+KIND_OF_ACTION = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """A compute step of an instruction (one task per program rank of a unit) and the
+    tensor-parallel collectives after it on each unit (None where there are none)."""
+
+    name: int
+    names: list[int]
+    """Per gradient bucket (the compute splits into buckets when the dp sync overlaps it)."""
+    kind: int
+    time_s: float
+    power_w: float
+    alloc: float
+    tp: list[PlannedComm | None]
+    op_needs: tuple[CommNeed, ...] | None = None
+    """On a stage whose ops have their own tp degrees: its collectives, each over groups of
+    its own size (`CommNeed.group_size`), emitted by `_op_tp_tasks` instead of `tp`."""
+    tp_name: int = -1
+    """Name code of those collectives ("tp.s3.F%d")."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    """The stage-boundary transfer after an instruction: per sending unit, its transfers and
+    each one's receiving unit; `local` when nothing moves (same GPUs, or no communication)."""
+
+    dst: int
+    direction: str
+    local: bool
+    per_unit: list[list[tuple[PlannedComm, int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """Everything one kind of instruction emits but ids, deps and names' micro-batch."""
+
+    units: list[Unit]
+    freqs: list[list[float]]
+    """Per unit, the SM clock of each program rank's compute task."""
+    first_layer: int
+    last_layer: int
+    recompute: _Part | None
+    main: _Part
+    final: bool
+    """True when this pass frees the micro-batch's activations (its last backward)."""
+    extra_free: float
+    ep_needs: tuple[CommNeed, ...]
+    send: _Send | None
+
+
+
+def lower(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
+          options: LoweringOptions | None = None) -> Program:
+    """Lower one training iteration of `model` on `cluster` under `plan` to a Program."""
+    plan.check(model, cluster)
+    return _Lowering(model, cluster, plan, options or LoweringOptions()).build()
+
+
+_BlockKey = tuple[int, str, MbKey, float | None, int, str]
+"""(stage, action kind, micro-batch shape, clock, gradient buckets, final backward kind)."""
+
+_RecvKey = tuple[int, str, int, int]
+"""(stage, direction or action kind, micro-batch, unit) of a transfer or a finished pass."""
+
+
+class _Lowering:
+    """The state of one lowering; `build()` returns the Program.
+
+    It holds the layout (`LoweringLayout`: placement, partition, costs, groups), the task
+    builder, the collective lowering and the gradient synchronisation, and walks the schedule.
+    Tasks go straight into a `TaskTableBuilder` as numbers (no object per task); names are
+    (template, micro-batch) pairs formatted only when read.
+    """
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
+                 options: LoweringOptions) -> None:
+        self.layout = layout = LoweringLayout(model, cluster, plan, options)
+        self.plan, self.opt, self.fold = plan, options, layout.fold
+        self.b = TaskTableBuilder()
+        self.comm = CommLowering(cluster, options.collective_algorithm, self.b)
+        self.compute_stream = self.b.stream("compute")
+        self.sync = GradientSync(layout, self.comm, self.b, self.compute_stream)
+        self.last_compute: dict[int, int] = {}  # program rank -> its last compute task
+        self._blocks: dict[_BlockKey, _Block] = {}
+        self.max_clock_mhz = [cluster.gpu(layout.represents[p][0]).sm_clock_max_mhz
+                              for p in range(layout.num_ranks)]
+        self.done: dict[_RecvKey, list[int]] = {}
+        self.held: dict[tuple[int, int, int], float] = {}
+        self.recv: dict[_RecvKey, list[int]] = {}
+        self.patch: list[tuple[int, _RecvKey]] = []
+        self.history: dict[tuple[int, int], list[int]] = {}  # (stage, unit) -> compute ids
+
+    # ------------------------------------------------------------------ build
+    def build(self) -> Program:
+        """Create every task: pipeline instructions rank by rank in schedule order, then the
+        optimizer step. Transfers are created by their sender, so a receiver's dependency on one
+        may not exist yet when the receiver's task is made; such deps are patched at the end."""
+        plan, layout, sync = self.plan, self.layout, self.sync
+        final_kind: dict[int, str] = {}  # vstage -> "W" when its backward is split, else "B"
+        last_bwd: dict[int, tuple[str, int]] = {}
+        for acts in layout.order.values():
+            for a in acts:
+                if a.kind in ("B", "W"):
+                    last_bwd[a.stage] = (a.kind, a.micro_batch)
+                    final_kind[a.stage] = a.kind
+        for phys in sorted(layout.order):
+            for a in layout.order[phys]:
+                mb = layout.micro_batches[a.micro_batch]
+                layout.graph(mb)
+                c = layout.costs(a.stage, (mb.batch_size, mb.seq_len), layout.freq(a.stage, a))
+                sync_now = (last_bwd.get(a.stage) == (a.kind, a.micro_batch)
+                            and self.opt.communication
+                            and (bool(sync.grad_groups(phys, c))
+                                 if c.params_by_tp else plan.dp_of_stage(phys) > 1))
+                per_bucket: list[dict[int, int]] = [{} for _ in
+                                                     range(sync.buckets(c) if sync_now else 1)]
+                self._instruction(a, phys, c, final_kind.get(a.stage, "B"), per_bucket)
+                if sync_now:
+                    sync.dp_sync(a.stage, phys, c, per_bucket)
+        add_dep = self.b.add_dep
+        for tid, key in self.patch:
+            for dep in self.recv.get(key, ()):
+                add_dep(tid, dep)
+        if self.opt.optimizer_step:
+            sync.optimizer_step(self.last_compute)
+        return self._program()
+
+    def _instruction(self, a: Action, phys: int, c: InstructionCosts, final_kind: str,
+                     per_bucket: list[dict[int, int]]) -> None:
+        """Tasks of one pipeline instruction on every replica unit of its stage: ZeRO-3
+        parameter gather, recompute (with its collectives), the compute (split into gradient
+        buckets when the data-parallel sync overlaps it), its tensor- and expert-parallel
+        collectives, and the send to the neighbouring stage.
+
+        Every instruction of one kind (stage, pass, micro-batch shape, clock, buckets) emits
+        the same block of tasks but for ids, deps and names, so the block (`_Block`: codes,
+        times, planned collectives) is worked out once and stamped out here."""
+        k, j = a.stage, a.micro_batch
+        n = len(per_bucket)
+        layout = self.layout
+        freq = layout.freq(k, a)
+        mb_key = layout.mb_key(j)
+        blk = self._blocks.get((k, a.kind, mb_key, freq, n, final_kind))
+        if blk is None:
+            blk = self._blocks[(k, a.kind, mb_key, freq, n, final_kind)] = self._block(
+                a, phys, c, final_kind, n, freq)
+        meta = (j, k, blk.first_layer, blk.last_layer)
+        add, emit = self.b.add, self.comm.emit_planned
+        waits: list[tuple[int, str, int]] = []
+        if a.kind == "F" and k > 0:
+            waits.append((k, "F", j))
+        if a.kind in ("B", "I") and k < self.plan.num_stages - 1:
+            waits.append((k, "B", j))
+        nu = len(blk.units)
+        last: dict[int, list[int]] = {u: [] for u in range(nu)}
+        if a.kind != "F":
+            done = self.done
+            for u in last:
+                last[u] = done[(k, "F", j, u)] + done[(k, "I", j, u)] if a.kind == "W" \
+                    else list(done[(k, "F", j, u)])
+        gathered = (self.sync.zero3_gather(a, phys, c, meta, self.history)
+                    if self.plan.zero >= 3 else None)
+        if gathered is not None:
+            last = {u: sorted(set(last[u]) | set(gathered[u])) for u in last}
+        patch = self.patch
+        if blk.recompute is not None:
+            r = blk.recompute
+            for u in range(nu):
+                deps = tuple(last[u])
+                rids = [add(r.name, j, r.kind, self.compute_stream, (p,), r.time_s, 0.0, (),
+                            deps, r.alloc, 0.0, r.power_w, f, j, k, meta[2], meta[3])
+                        for p, f in zip(blk.units[u][0], blk.freqs[u])]
+                self._note_compute(blk.units[u][0], rids)
+                patch.extend((rid, (*key, u)) for rid in rids for key in waits)
+                if r.op_needs is not None:
+                    last[u] = self._op_tp_tasks(r, phys, blk.units[u][0], rids, j, meta)
+                else:
+                    tp = r.tp[u]
+                    last[u] = (emit(tp, rids, j, meta)[-1:] or rids) if tp is not None else rids
+            waits = []
+            last = self._ep_tasks(c.recompute_ep_comm, phys, f"s{k}.R%d", j, last, meta)
+        m = blk.main
+        for u in range(nu):
+            prog = blk.units[u][0]
+            if a.kind == "F":
+                self.held[(k, j, u)] = m.alloc
+            free = self.held.get((k, j, u), 0.0) + blk.extra_free if blk.final else 0.0
+            if gathered is not None:
+                free += self.sync.zero3_bytes(phys, c)
+            ids: list[int] = last[u]
+            for bucket in range(n):
+                deps = tuple(ids)
+                alloc = m.alloc if bucket == 0 else 0.0
+                fr = free if bucket == n - 1 else 0.0
+                ids = [add(m.names[bucket], j, m.kind, self.compute_stream, (p,), m.time_s, 0.0,
+                           (), deps, alloc, fr, m.power_w, f, j, k, meta[2], meta[3])
+                       for p, f in zip(prog, blk.freqs[u])]
+                if bucket == 0 and waits:
+                    patch.extend((tid, (*key, u)) for tid in ids for key in waits)
+                for p, tid in zip(prog, ids):
+                    per_bucket[bucket][p] = tid
+            self.history.setdefault((phys, u), []).append(ids[0])
+            self._note_compute(prog, ids)
+            if m.op_needs is not None:
+                last[u] = self._op_tp_tasks(m, phys, prog, ids, j, meta)
+            else:
+                tp = m.tp[u]
+                last[u] = (emit(tp, ids, j, meta)[-1:] or ids) if tp is not None else ids
+        if blk.ep_needs:
+            last = self._ep_tasks(blk.ep_needs, phys, f"s{k}.{a.kind}%d", j, last, meta)
+        done = self.done
+        recv = self.recv
+        send = blk.send
+        for u in range(nu):
+            after = last[u]
+            done[(k, a.kind, j, u)] = after
+            if send is None:
+                continue
+            if send.local:
+                recv.setdefault((send.dst, send.direction, j, u), []).extend(after)
+                continue
+            for tp, dst_unit in send.per_unit[u]:
+                ids = emit(tp, after, j, meta)
+                recv.setdefault((send.dst, send.direction, j, dst_unit), []).extend(
+                    ids[-1:] or after)
+
+    def _note_compute(self, prog: tuple[int, ...], ids: list[int]) -> None:
+        """Remember each rank's latest compute task (the optimizer step waits for it)."""
+        for p, tid in zip(prog, ids):
+            self.last_compute[p] = tid
+
+    def _block(self, a: Action, phys: int, c: InstructionCosts, final_kind: str, n: int,
+               freq: float | None) -> _Block:
+        """Work out what every instruction like `a` emits (see `_instruction`)."""
+        k, b, layout = a.stage, self.b, self.layout
+        units = layout.units(phys)
+        freqs = [[freq or self.max_clock_mhz[p] for p in prog] for prog, _ in units]
+        op_tp = layout.has_op_tp(phys)
+        recompute = None
+        if a.kind in ("B", "I") and c.recompute.time_s > 0:
+            rname = f"s{k}.R%d"
+            recompute = _Part(name=b.name_template(rname), names=[], kind=b.kind("recompute"),
+                              time_s=c.recompute.time_s, power_w=c.recompute.power_w,
+                              alloc=c.recompute_activation_bytes,
+                              tp=[self._tp_plan(c.recompute_comm, phys, prog, group, rname)
+                                  for prog, group in units] if not op_tp else [],
+                              op_needs=c.recompute_comm if op_tp else None,
+                              tp_name=b.name_template("tp." + rname))
+        work = {"F": c.forward, "B": c.backward, "I": c.backward_input,
+                "W": c.backward_weight}[a.kind]
+        name = f"s{k}.{a.kind}%d"
+        names = [name] if n == 1 else [f"{name}.b{bucket}" for bucket in range(n)]
+        part = Work(time_s=work.time_s / n, energy_j=work.energy_j / n)
+        needs = {"F": c.fwd_comm, "B": c.bwd_comm, "I": c.bwd_comm, "W": ()}[a.kind]
+        main = _Part(name=b.name_template(names[0]), names=[b.name_template(x) for x in names],
+                     kind=b.kind(KIND_OF_ACTION[a.kind]), time_s=part.time_s,
+                     power_w=part.power_w,
+                     alloc=c.kept_activation_bytes if a.kind == "F" else 0.0,
+                     tp=[self._tp_plan(needs, phys, prog, group, name) for prog, group in units]
+                     if not op_tp else [],
+                     op_needs=needs if op_tp else None, tp_name=b.name_template("tp." + name))
+        ep_needs = {"F": c.fwd_ep_comm, "B": c.bwd_ep_comm, "I": c.bwd_ep_comm,
+                    "W": ()}[a.kind]
+        layers = layout.stage_layers[k]
+        return _Block(units=units, freqs=freqs, first_layer=layers[0], last_layer=layers[-1],
+                      recompute=recompute, main=main, final=a.kind == final_kind,
+                      extra_free=c.recompute_activation_bytes,
+                      ep_needs=ep_needs if self.plan.ep >= 2 else (),
+                      send=self._send_plan(a))
+
+    def _tp_plan(self, needs: tuple[CommNeed, ...], s: int, prog: tuple[int, ...],
+                 group: tuple[int, ...], name: str) -> PlannedComm | None:
+        """The tensor-parallel collectives of one instruction on one unit, right after its
+        compute (Megatron runs them synchronously between GEMMs, so their sum after the
+        compute takes the same total time); None when there are none. `name` is the
+        instruction's name template ("s3.F%d")."""
+        if not needs or len(group) < 2 or not self.opt.communication \
+                or not self.opt.tp_communication:
+            return None
+        pairs = [(n.collective, n.size_bytes) for n in needs]
+        b = self.b
+        copies: list[tuple[int, ...]]
+        key: Hashable
+        if self.fold:
+            copies, key = self.layout.tp_groups(s), ("tp", s)
+        else:
+            copies, key = [group], ("tp1", group)
+        return PlannedComm(template=self.comm.template(pairs, copies, key),
+                     name=b.name_template("tp." + name), kind=b.kind(kind_of(pairs)),
+                     stream=b.stream("tp"), prog_ranks=prog)
+
+    def _op_tp_tasks(self, part: _Part, s: int, prog: tuple[int, ...], ids: list[int],
+                     j: int, meta: Meta) -> list[int]:
+        """The collectives of one instruction on a stage whose ops have their own
+        tensor-parallel degrees (Aceso): each `CommNeed` runs over the stage's groups of
+        `group_size` consecutive ranks (0: the stage's tp), consecutive needs of one size as
+        one chain. Folded, one chain stands for every group of that size (the copies);
+        unfolded, each group's chain waits for the previous step of its own ranks. `ids` are
+        the compute tasks of `prog`, one per rank; returns what the next step waits for."""
+        needs = part.op_needs or ()
+        if not needs or not self.opt.communication or not self.opt.tp_communication:
+            return ids
+        ranks, tp = self.layout.stage_gpu_ranks[s], self.plan.tp_of_stage(s)
+        # One chain per group size, in order of first use: the collectives all run after the
+        # instruction's compute anyway (as in `_tp_plan`), so their order inside it does not
+        # change its time, and a deep stage then emits a few chains, not one per layer.
+        by_size: dict[int, list[Need]] = {}
+        for need in needs:
+            t = need.group_size or tp
+            by_size.setdefault(t, []).append((need.collective, need.size_bytes))
+        runs = list(by_size.items())
+        b = self.b
+        kind = b.kind(kind_of([(n.collective, n.size_bytes) for n in needs]))
+        stream = b.stream("tp")
+        if self.fold:
+            prev = ids
+            for t, pairs in runs:
+                if t < 2:
+                    continue
+                groups = [tuple(ranks[i:i + t]) for i in range(0, len(ranks), t)]
+                out = self.comm.tasks(pairs, name=part.tp_name, arg=j, kind=kind, stream=stream,
+                                      prog_ranks=prog, copies=groups, deps=prev, meta=meta,
+                                      key=("tpg", s, t))
+                prev = out[-1:] or prev
+            return prev
+        tail = {r: [tid] for r, tid in zip(prog, ids)}
+        for t, pairs in runs:
+            if t < 2:
+                continue
+            for i in range(0, len(ranks), t):
+                group = tuple(ranks[i:i + t])
+                deps = sorted({d for r in group for d in tail[r]})
+                out = self.comm.tasks(pairs, name=part.tp_name, arg=j, kind=kind, stream=stream,
+                                      prog_ranks=group, copies=[group], deps=deps, meta=meta)
+                if out:
+                    for r in group:
+                        tail[r] = out[-1:]
+        return sorted({d for r in prog for d in tail[r]})
+
+    def _send_plan(self, a: Action) -> _Send | None:
+        """Point-to-point transfer of activations (after F) or gradients (after B/I) to the
+        neighbouring stage, per sending unit: the transfers and the receiving unit of each."""
+        k, j = a.stage, a.micro_batch
+        layout = self.layout
+        if a.kind == "F" and k < self.plan.num_stages - 1:
+            dst, direction, size = k + 1, "F", layout.boundary_bytes(k, j)
+        elif a.kind in ("B", "I") and k > 0:
+            dst, direction, size = k - 1, "B", layout.boundary_bytes(k - 1, j)
+        else:
+            return None
+        src_s, dst_s = layout.phys_stage(k), layout.phys_stage(dst)
+        if src_s == dst_s or not self.opt.communication or size <= 0:
+            return _Send(dst=dst, direction=direction, local=True, per_unit=[])
+        pairs, size = layout.p2p_pairs(src_s, dst_s, size, j)
+        b = self.b
+        stream, kind = b.stream(f"pp{src_s}>{dst_s}"), b.kind("p2p")
+        label = b.name_template(f"s{k}>{dst}.{direction}%d")
+        need = [("p2p", size)]
+        if self.fold:
+            comm = PlannedComm(template=self.comm.template(need, pairs, ("pp", src_s, dst_s)),
+                         name=label, kind=kind, stream=stream, prog_ranks=(src_s, dst_s))
+            return _Send(dst=dst, direction=direction, local=False, per_unit=[[(comm, 0)]])
+        dst_unit = layout.unit_of(dst_s)
+        per_unit = []
+        for prog, _group in layout.units(src_s):
+            unit = set(prog)
+            per_unit.append([
+                (PlannedComm(template=self.comm.template(need, [(src_r, dst_r)]), name=label,
+                       kind=kind, stream=stream, prog_ranks=(src_r, dst_r)), dst_unit[dst_r])
+                for src_r, dst_r in pairs if src_r in unit])
+        return _Send(dst=dst, direction=direction, local=False, per_unit=per_unit)
+
+    def _ep_tasks(self, needs: tuple[CommNeed, ...], phys: int, name: str, arg: int,
+                  last: dict[int, list[int]], meta: Meta) -> dict[int, list[int]]:
+        """Expert-parallel all-to-alls (MoE dispatch/combine) over the stage's ep groups."""
+        if not needs or self.plan.ep < 2:
+            return last
+        pairs = [(n.collective, n.size_bytes) for n in needs]
+        b = self.b
+        return cross_unit(self.comm, self.layout, phys, self.layout.ep_groups(phys), pairs,
+                          name=b.name_template("ep." + name), arg=arg,
+                          kind=b.kind(kind_of(pairs)), stream=b.stream("ep"), last=last,
+                          meta=meta, key=("ep", phys))
+
+    # ------------------------------------------------------------------ program
+    def _program(self) -> Program:
+        plan, layout = self.plan, self.layout
+        cluster = layout.cluster
+        w, g, o = optimizer_bytes_per_param(plan.dtype)
+        static, capacity, idle, gpu_names, peaks = [], [], [], [], []
+        for p in range(layout.num_ranks):
+            s = layout.phys_stage_of_prog(p)
+            params = layout.local_params(s)
+            dp = plan.dp_of_stage(s)
+            per_param = (w / (dp if plan.zero >= 3 else 1) + g / (dp if plan.zero >= 2 else 1)
+                         + o / (dp if plan.zero >= 1 else 1))
+            gpu = cluster.gpu(layout.represents[p][0])
+            static.append(params * per_param)
+            capacity.append(float(gpu.memory_bytes))
+            idle.append(float(cluster.idle_power_w(layout.represents[p][0])))
+            gpu_names.append(gpu.name)
+            peaks.append(float(gpu.peak_flops(plan.dtype)))
+        model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
+                          for mb in layout.micro_batches) * plan.dp
+        tokens: int | None = sum(mb.batch_size * mb.seq_len
+                                 for mb in layout.micro_batches) * plan.dp
+        if layout.model.family == "wresnet":
+            tokens = plan.global_batch
+        info = ProgramInfo(
+            model=layout.model.name, plan=plan.to_dict(), global_batch=plan.global_batch,
+            seq_len=layout.micro_batches[0].seq_len, tokens_per_iteration=tokens,
+            model_flops_per_iteration=model_flops, peak_flops_per_rank=tuple(peaks),
+            gpu_names=tuple(gpu_names), folded=self.fold,
+            price_per_hour_usd=float(cluster.price_per_hour_usd),
+        )
+        # The lowering computes every number itself, so tasks skip the per-task checks.
+        return Program(num_ranks=layout.num_ranks, tasks=self.b.build(),
+                       link_bandwidth_bytes_per_s=dict(sorted(self.comm.links.items())),
+                       static_memory_bytes=static, memory_capacity_bytes=capacity,
+                       idle_power_w=idle, represents=layout.represents, info=info)
+
+
+__all__ = ["lower"]
