@@ -26,8 +26,9 @@ from trainsim.hwmodels.catalog_views import describe_cluster as _cluster_view
 from trainsim.hwmodels.cluster import Cluster, parse_cluster
 from trainsim.search.aceso.profile import aceso_lowering_options
 from trainsim.search.exports import search_output_files
+from trainsim.search.methods import get_planner
 from trainsim.search.oracle import Oracle
-from trainsim.search.planner import SearchRecord, SearchResult, SearchSpec, get_planner, run_search
+from trainsim.search.planner import SearchRecord, SearchResult, SearchSpec, run_search
 from trainsim.simulator.engines import ENGINES, check_engine, run_program
 from trainsim.simulator.result import SimResult
 from trainsim.validate.compare import Comparison, compare

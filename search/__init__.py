@@ -1,9 +1,9 @@
 """Planners that query the simulator as their cost oracle (DESIGN.md §4).
 
 The shared planner frame sits at this level: `planner.py` (SearchSpec, the Planner protocol,
-`get_planner`, `run_search`), `oracle.py` (lower + fast engine + cache), `grid.py` (Megatron-LM's
-uniform grid, the baseline), `exports.py` (a plan as Aceso config or Megatron-LM flags) and the
-two command modules (`search_commands.py`, `energy_commands.py`). Each published method is a
+`run_search`), `oracle.py` (lower + fast engine + cache), `grid.py` (Megatron-LM's uniform
+grid, the baseline), `exports.py` (a plan as Aceso config or Megatron-LM flags, the files a
+search writes) and `methods.py` (the planners by name). Each published method is a
 subpackage with the same shape — `planner.py` as its entry, its algorithm modules beside it,
 plotting and export: `aceso/`, `energy/`, and, to come, `hetero/`, `microbatch/`, `intraop/`.
 

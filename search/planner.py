@@ -18,12 +18,11 @@ objective, then over-memory ones by how far over the limit they are, then broken
 
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from trainsim.errors import PlanError, SimulationError, SpecError, unknown_name
 from trainsim.hwmodels.cluster import Cluster
@@ -333,24 +332,6 @@ def run_search(planner: Planner, spec: SearchSpec, *, oracle: Oracle | None = No
     return state.result(planner.name, interrupted)
 
 
-PLANNERS: dict[str, str] = {
-    "grid": "trainsim.search.grid:GridPlanner",
-    "aceso": "trainsim.search.aceso.planner:AcesoPlanner",
-}
-"""Search method -> "module:class" of its planner. The planners import this frame (records,
-state, scoring), so the frame names them by path and imports one only when it is asked for:
-the dependency runs one way, from each planner package to the frame."""
-
-
-def get_planner(method: str, **options: Any) -> Planner:
-    """The planner named `method` (a key of PLANNERS: "grid" or "aceso")."""
-    if method not in PLANNERS:
-        raise SpecError(str(unknown_name("search method", method, tuple(PLANNERS))))
-    module, _, name = PLANNERS[method].partition(":")
-    factory = getattr(importlib.import_module(module), name)
-    return cast(Planner, factory(**options))
-
-
-__all__ = ["BYTES_PER_MB", "OBJECTIVES", "PLANNERS", "Planner", "SearchRecord", "SearchResult",
-           "SearchSpec", "SearchState", "fits", "get_planner", "memory_ratio",
+__all__ = ["BYTES_PER_MB", "OBJECTIVES", "Planner", "SearchRecord", "SearchResult",
+           "SearchSpec", "SearchState", "fits", "memory_ratio",
            "objective_score", "run_search", "search_key"]

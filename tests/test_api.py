@@ -60,6 +60,7 @@ def test_bad_cpu_spec_names_the_form() -> None:
         api.load_cluster("cpu:two")
 
 
+@pytest.mark.slow
 def test_simulate_accepts_every_form_and_prices_the_run(tmp_path: Path) -> None:
     """Each model form on each cluster form simulates (the fp32 validation model on `cpu:N`,
     whose "GPU" has no fp16); the cost is price × time."""
@@ -111,6 +112,7 @@ def test_hw_cluster_takes_cpu_n(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and doc["num_gpus"] == 2 and doc["node_groups"][0]["gpu"] == "cpu"
 
 
+@pytest.mark.slow
 def test_search_takes_cpu_n_and_a_validation_model(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _cli(capsys, "search", "--model", "tiny-gpt", "--cluster", "cpu:2",
                         "--global-batch", "4", "--time-budget-s", "20", "--json")

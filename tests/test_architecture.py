@@ -78,6 +78,7 @@ def test_every_unit_has_a_layer() -> None:
     assert units <= set(LAYER), f"give these a layer in LAYER: {sorted(units - set(LAYER))}"
 
 
+@pytest.mark.slow
 def test_layers_only_depend_downward() -> None:
     upward = []
     for (src, dst), where in sorted(_edges().items()):
@@ -90,12 +91,14 @@ def test_layers_only_depend_downward() -> None:
     assert not upward, "upward or same-layer imports:\n" + "\n".join(upward)
 
 
+@pytest.mark.slow
 def test_simulator_core_knows_no_models_or_gpus() -> None:
     where = [w for (src, dst), ws in _edges().items() for w in ws
              if src == "simulator" and dst in ("workloads", "hwmodels")]
     assert not where, "\n".join(where)
 
 
+@pytest.mark.slow
 def test_no_import_cycles_between_packages() -> None:
     graph: dict[str, set[str]] = defaultdict(set)
     for src, dst in _edges():

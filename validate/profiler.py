@@ -460,9 +460,6 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
     """
     import tempfile
 
-    import torch.multiprocessing as mp
-
-
     for option, value, least in (("--micro-batch", micro_batch_size, 1),
                                  ("--processes", processes, 1), ("--threads", threads, 1),
                                  ("--warmup", warmup, 0), ("--repeats", repeats, 1)):
@@ -479,6 +476,8 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
     for spec in specs:
         check_memory("sim profile --model", spec.name,
                      training_memory_bytes(spec.parameters(), processes, processes))
+    import torch.multiprocessing as mp  # after the checks: bad options answer without torch
+
     seen: dict[tuple[str, tuple[int, ...], float], dict[str, Any]] = {}
     stage_plans: list[tuple[str, int, int]] = []
     extra: list[float] = []

@@ -44,6 +44,7 @@ def configs(draw) -> AcesoConfig:
     return cfg
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs(), data=st.data())
 def test_every_move_keeps_the_plan_valid(cfg: AcesoConfig, data) -> None:
@@ -73,6 +74,7 @@ def oracle() -> Oracle:
     return Oracle(get_model(MODEL), parse_cluster("4xV100-SXM2-32GB"))
 
 
+@pytest.mark.slow
 def test_aceso_never_worse_than_its_start_or_grids_best(oracle: Oracle) -> None:
     """Seeded with grid's best, aceso's best is at least as fast, and at least as fast as
     every seed it evaluated (both on the same Oracle)."""
@@ -87,6 +89,7 @@ def test_aceso_never_worse_than_its_start_or_grids_best(oracle: Oracle) -> None:
     assert aceso.best.fits and aceso.best.summary.peak_memory_bytes <= 6e9
 
 
+@pytest.mark.slow
 def test_aceso_logs_its_moves_and_stops_on_budget(oracle: Oracle) -> None:
     """The log names seeds and moves (hop depth), and the search ends within its budget plus
     one evaluation (it checks the clock before each)."""
@@ -134,6 +137,7 @@ def test_balance_moves_are_sized_from_the_oracle_figures() -> None:
     assert [s.layers for s in mem[0].config.stages] == [5, 15]
 
 
+@pytest.mark.slow
 def test_aceso_never_evaluates_a_plan_twice(oracle: Oracle) -> None:
     """Every evaluation of a search is a distinct plan: moves back to a visited config (a
     migration and its reverse, mbs*2 then mbs/2) are skipped, not re-run."""
@@ -157,6 +161,7 @@ def test_seen_finds_a_plan_given_as_fields(oracle: Oracle) -> None:
     assert state.seen({"pp": 5, "global_batch": 32}) is None
 
 
+@pytest.mark.slow
 def test_a_given_start_is_evaluated_first_and_the_climb_starts_at_the_best(oracle: Oracle
                                                                           ) -> None:
     """With a start given (bench and CLI pass grid's best), it is the first evaluation (so the
@@ -176,6 +181,7 @@ def test_a_given_start_is_evaluated_first_and_the_climb_starts_at_the_best(oracl
     assert result.best.summary.samples_per_s >= log[0].summary.samples_per_s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit_bytes", [6e9, 3e9])
 def test_seeds_reach_the_best_uniform_plan_of_each_depth(oracle: Oracle,
                                                          limit_bytes: float) -> None:

@@ -4,7 +4,6 @@ tensor-parallel collectives out of the program (Aceso's op times include them)."
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -17,21 +16,17 @@ from trainsim.search.aceso.profile import (
     parse_op_file,
 )
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "aceso"
+
+@pytest.fixture(scope="module")
+def data(shared_subdir) -> Path:
+    """Aceso's profiles (tests/conftest.py: skip if absent, fail under CI)."""
+    return shared_subdir("aceso")
 
 
-def _data() -> Path:
-    if not DATA.is_dir():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"Aceso data missing at {DATA} (required when CI=true)")
-        pytest.skip(f"Aceso data not present at {DATA}")
-    return DATA
-
-
-def test_every_profile_file_parses() -> None:
+@pytest.mark.slow
+def test_every_profile_file_parses(data: Path) -> None:
     """Both folders parse completely: every CSV is an op, collective or p2p file (540 files in
     the eurosys set, 114 in the miniset per SOURCES.md's listing)."""
-    data = _data()
     for folder in ("profiled-time-eurosys", "profiled-time-miniset"):
         root = data / folder
         prof = load_aceso_profile(root)
@@ -40,10 +35,10 @@ def test_every_profile_file_parses() -> None:
         assert all(f.ops for f in prof.op_files)
 
 
-def test_op_file_values_in_seconds_and_bytes() -> None:
+def test_op_file_values_in_seconds_and_bytes(data: Path) -> None:
     """gpt_1_3B mbs1 tp1: enc-attention-qkv forward 659.752 µs, backward 1307.446 µs (first
     rows of the miniset file), weights 24 MB."""
-    f = parse_op_file(_data() / "profiled-time-miniset" / "gpt_1_3B_mbs1_tp1_algo0.csv")
+    f = parse_op_file(data / "profiled-time-miniset" / "gpt_1_3B_mbs1_tp1_algo0.csv")
     op = f.ops["enc-attention-qkv"]
     assert (f.mbs, f.tp, f.algo) == (1, 1, 0)
     assert op.fwd_s == pytest.approx(659.752e-6)
@@ -51,7 +46,7 @@ def test_op_file_values_in_seconds_and_bytes() -> None:
     assert op.weight_bytes == pytest.approx(24 * 2**20)
 
 
-def test_cost_model_returns_measured_and_interpolated_times() -> None:
+def test_cost_model_returns_measured_and_interpolated_times(data: Path) -> None:
     """The QKV GEMM's forward query returns a third of Aceso's forward + backward µs at a
     measured batch (the lowering asks three equal-FLOP GEMM calls: F, and B's two halves) and
     the linear interpolation between batches 2 and 4 at batch 3."""
@@ -60,22 +55,22 @@ def test_cost_model_returns_measured_and_interpolated_times() -> None:
     from trainsim.workloads.zoo import get_model
 
     model = get_model("aceso-gpt-1.3b")
-    prof = load_aceso_profile(_data() / "profiled-time-miniset")
+    prof = load_aceso_profile(data / "profiled-time-miniset")
     cost = AcesoCostModel(prof, model)
     gpu = get_gpu("V100-PCIe-32GB")
     times = {}
     for b in (2, 3, 4):
         op = next(o for o in build_graph(model, b).layers[1].ops if o.name == "attn.qkv")
         times[b] = cost.estimate(op.kind, op.fwd_flops, op.fwd_bytes, gpu, shape=op.shape).time_s
-    f2 = parse_op_file(_data() / "profiled-time-miniset" / "gpt_1_3B_mbs2_tp1_algo0.csv")
-    f4 = parse_op_file(_data() / "profiled-time-miniset" / "gpt_1_3B_mbs4_tp1_algo0.csv")
+    f2 = parse_op_file(data / "profiled-time-miniset" / "gpt_1_3B_mbs2_tp1_algo0.csv")
+    f4 = parse_op_file(data / "profiled-time-miniset" / "gpt_1_3B_mbs4_tp1_algo0.csv")
     q2, q4 = f2.ops["enc-attention-qkv"], f4.ops["enc-attention-qkv"]
     t2, t4 = (q2.fwd_s + q2.bwd_s) / 3, (q4.fwd_s + q4.bwd_s) / 3
     assert times[2] == pytest.approx(t2) and times[4] == pytest.approx(t4)
     assert times[3] == pytest.approx((t2 + t4) / 2)
 
 
-def test_profiled_lowering_has_no_tensor_parallel_tasks() -> None:
+def test_profiled_lowering_has_no_tensor_parallel_tasks(data: Path) -> None:
     """With the Aceso options a tp=2 plan lowers without 'tp' stream tasks (the all-reduce is in
     the op times); the roofline lowering of the same plan has them."""
     from trainsim.hwmodels.cluster import parse_cluster
@@ -84,7 +79,7 @@ def test_profiled_lowering_has_no_tensor_parallel_tasks() -> None:
     from trainsim.workloads.zoo import get_model
 
     oracle = Oracle(get_model("aceso-gpt-1.3b"), parse_cluster("4xV100-PCIe-32GB"))
-    opts = aceso_lowering_options(_data() / "profiled-time-miniset", oracle.model)
+    opts = aceso_lowering_options(data / "profiled-time-miniset", oracle.model)
     plan = oracle.plan({"tp": 2, "pp": 2, "micro_batch_size": 1, "global_batch": 4,
                         "recompute": "full"})
     measured = lower(oracle.model, oracle.cluster, plan, opts)

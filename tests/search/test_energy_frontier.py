@@ -43,6 +43,7 @@ def brute_force(dag) -> list[tuple[float, float]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("polish", [False, True])
 def test_tiny_dag_equals_brute_force(polish: bool) -> None:
     """2 stages × 2 micro-batches, convex options one unit apart: at every Pareto time of the
@@ -56,6 +57,7 @@ def test_tiny_dag_equals_brute_force(polish: bool) -> None:
         assert p.energy_j == pytest.approx(e, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_random_convex_instances_equal_brute_force() -> None:
     """Random convex effective-energy options (seeded): frontier energy = brute force at every
     brute-force Pareto time."""

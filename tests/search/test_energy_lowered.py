@@ -135,6 +135,7 @@ def test_no_slowdown_once_lowered(case) -> None:
     assert t <= t_top * (1 + 1e-12) and e < 0.9 * e_top
 
 
+@pytest.mark.slow
 def test_folded_data_parallel_counts_every_gpu() -> None:
     """pp 4 × dp 2 on 8 GPUs: each folded stage stands for 2 GPUs, so options and blocking
     power are doubled (2 × 83.64 W), and a frontier plan with the optimizer step (no
@@ -169,6 +170,7 @@ def test_profile_rejects_other_schedules() -> None:
         profile_from_model(spec, hw, plan)
 
 
+@pytest.mark.slow
 def test_cli_model_mode_writes_plans_sim_simulate_runs(tmp_path) -> None:
     """`sim energy frontier --model ... --out DIR` writes plan_all_max.json and
     plan_no_slowdown.json; `sim simulate --plan` on each reproduces the predicted time and

@@ -31,15 +31,11 @@ def test_loads_options_fastest_first(tmp_path) -> None:
     assert prof.common_frequencies_mhz() == [1410, 1200]
 
 
-def test_reference_profiles_load() -> None:
-    """The four Perseus stage profiles pass the checks (A40 noise is within tolerance)."""
-    from pathlib import Path
-    data = Path(__file__).resolve().parents[3] / "shared" / "data" / "perseus" / "stage_profile"
-    if not data.is_dir():
-        pytest.skip(f"reference data absent at {data}")
-    for path in sorted(data.glob("*.csv")):
-        prof = load_perseus_csv(path, blocking_power_w=70.0)
-        assert prof.num_stages == 8
+@pytest.mark.shared_files("perseus/stage_profile", "*.csv")
+def test_reference_profiles_load(shared_file) -> None:
+    """Each Perseus stage profile passes the checks (A40 noise is within tolerance)."""
+    prof = load_perseus_csv(shared_file, blocking_power_w=70.0)
+    assert prof.num_stages == 8
 
 
 @pytest.mark.parametrize(("text", "needle"), [

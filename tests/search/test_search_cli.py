@@ -32,6 +32,7 @@ def test_grid_json_has_the_documented_keys(capsys) -> None:
     assert data["evaluated"] > 0 and data["search_s"] >= 0
 
 
+@pytest.mark.slow
 def test_out_writes_exports_and_refuses_to_overwrite(capsys, tmp_path: Path) -> None:
     """--out writes best_plan.json (a plan), aceso_config.json, megatron_flags.txt; a second
     run without --force exits 2 with one line."""
@@ -64,6 +65,7 @@ def test_out_that_is_a_file_is_one_error_line(capsys, tmp_path: Path) -> None:
     assert target.read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_out_files_are_byte_identical_across_runs(capsys, tmp_path: Path) -> None:
     """The same search twice writes the same bytes: search_log.json and ranked.json hold no
     wall-clock field (elapsed_s stays in the printed JSON's improvements)."""
@@ -84,6 +86,7 @@ NO_FIT = ["--model", "gpt3-175b", "--cluster", "1x8xA100-SXM4-80GB", "--global-b
           "--time-budget-s", "20"]
 
 
+@pytest.mark.slow
 def test_no_feasible_plan_exits_1_with_a_reason(capsys) -> None:
     """GPT-3 175B on 8 × 80 GB: 175e9 parameters × 16 B of mixed-precision Adam state is
     2.8 TB > 8 × 80 GiB, so nothing fits. Exit 1 (not 2: the input is valid) with one line
@@ -97,6 +100,7 @@ def test_no_feasible_plan_exits_1_with_a_reason(capsys) -> None:
     assert "samples/s" not in out
 
 
+@pytest.mark.slow
 def test_no_feasible_plan_json_has_null_best(capsys) -> None:
     """Under --json the object is still printed, with best null and an empty ranking."""
     code, out, err = _run(capsys, *NO_FIT, "--json")

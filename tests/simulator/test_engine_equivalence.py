@@ -44,6 +44,7 @@ def assert_same(ref: SimResult, fast: SimResult) -> None:
     assert fast.energy_j == pytest.approx(ref.energy_j, rel=RTOL, abs=1e-12)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(programs)
 def test_random_programs_give_identical_times_memory_and_energy(program) -> None:
@@ -98,6 +99,7 @@ def lowered_plans(draw: st.DrawFn):
     return model, cluster, fields, draw(st.booleans())
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lowered_plans())
 def test_lowered_plans_give_identical_results(case) -> None:

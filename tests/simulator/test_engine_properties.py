@@ -34,6 +34,7 @@ programs = st.builds(
 )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(programs)
 def test_start_is_the_last_predecessor_end(program) -> None:
@@ -51,6 +52,7 @@ def test_start_is_the_last_predecessor_end(program) -> None:
             assert result.end_s[tid] == result.start_s[tid] + task.duration_s
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(programs)
 def test_iteration_time_bounds(program) -> None:
@@ -60,6 +62,7 @@ def test_iteration_time_bounds(program) -> None:
     assert result.iteration_time_s >= busiest_stream_s(program) * (1 - 1e-12)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(programs)
 def test_memory_never_below_static_and_energy_floor(program) -> None:
@@ -76,6 +79,7 @@ def test_memory_never_below_static_and_energy_floor(program) -> None:
         assert 0.0 <= rank.bubble_fraction <= 1.0
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(programs)
 def test_streams_never_overlap_and_critical_path_is_tight(program) -> None:
@@ -93,6 +97,7 @@ def test_streams_never_overlap_and_critical_path_is_tight(program) -> None:
             assert result.end_s[before] == result.start_s[after]
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(programs)
 def test_same_program_gives_byte_identical_outputs(program) -> None:

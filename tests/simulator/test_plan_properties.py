@@ -69,6 +69,7 @@ def lowered(draw, clusters=CLUSTERS):
     return model, cluster, plan
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(lowered())
 def test_lowered_plans_respect_bounds_memory_and_energy(case) -> None:
@@ -101,6 +102,7 @@ def test_same_plan_gives_byte_identical_outputs(case) -> None:
     assert chrome_trace_json(first) == chrome_trace_json(second)
 
 
+@pytest.mark.slow
 @settings(SETTINGS, max_examples=40)
 @given(lowered(clusters=HOMOGENEOUS_NODES))
 def test_folded_equals_unfolded_on_a_homogeneous_node(case) -> None:

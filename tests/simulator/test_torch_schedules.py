@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
-pytest.importorskip("torch")
+# Slow: importing torch (and its pipelining schedules) takes seconds even for one test.
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")]
 
 from trainsim.errors import SpecError
 from trainsim.simulator.actions import infer_stage_to_rank, validate_schedule

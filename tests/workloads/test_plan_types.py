@@ -92,6 +92,7 @@ _JSON = st.recursive(
     max_leaves=8)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=4))
 def test_random_json_gives_a_plan_or_a_plan_error(fields: dict[str, Any]) -> None:
