@@ -149,9 +149,9 @@ def load_cluster(spec: str | Cluster, *,
     if not isinstance(spec, str):
         raise TrainsimError(f"cluster {spec!r} must be a cluster spec, a YAML file or a Cluster")
     if spec.startswith(CPU_PREFIX):
-        cost = cost_model_for(spec, profile)
-        assert cost is not None  # cpu:N always has one
-        return cpu_cluster(cost.db, _cpu_processes(spec))
+        processes = _cpu_processes(spec)
+        cost = cost_model_for(spec, profile) or load_cost_model(reference_cpu_profile())
+        return cpu_cluster(cost.db, processes)
     return parse_cluster(spec)
 
 
@@ -165,7 +165,7 @@ def lowering_options(*, profile: str | Path | ProfiledCostModel | None = None,
                      unfold: bool = False) -> LoweringOptions | None:
     """LoweringOptions for a profile database (measured op costs replace the roofline) and
     folding; None when both are the defaults, so plain runs lower exactly as before."""
-    cost = cost_model_for("", profile)
+    cost = None if profile is None else cost_model_for("", profile)
     if cost is None and not unfold:
         return None
     return LoweringOptions(fold=not unfold, cost_model=cost)
@@ -334,6 +334,9 @@ def energy_dag(*, microbatches: int | None, profile: str | Path | None = None,
     path = None if profile is None else Path(profile)
     planner.check_inputs(profile=path, microbatches=microbatches,
                          model_given=model is not None, cluster_given=cluster is not None)
+    if isinstance(cluster, str) and cluster.startswith(CPU_PREFIX):
+        raise SpecError(f"--cluster {cluster}: the energy planner needs GPU clocks and power "
+                        f"curves (DVFS); a CPU cluster has none")
     spec = None if model is None else load_model(model)
     hw = None if cluster is None or model is None else load_cluster(cluster)
     return planner.load_dag(microbatches, profile=path, gpu=gpu,

@@ -126,3 +126,9 @@ def test_simulate_json_carries_cost(capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(out)
     price = api.load_cluster("2xA100-SXM4-80GB").price_per_hour_usd
     assert code == 0 and doc["cost_usd"] == pytest.approx(price * doc["iteration_time_s"] / 3600)
+
+
+def test_energy_on_cpu_n_says_why_it_cannot(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(capsys, "energy", "frontier", "--model", "tiny-gpt", "--cluster",
+                          "cpu:2", "--pp", "2", "--microbatches", "2")
+    assert code == 2 and out == "" and "DVFS" in err and err.count("\n") == 1
