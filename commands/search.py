@@ -22,6 +22,7 @@ from trainsim import api
 from trainsim.commands.output import check_out_dir, dumps, user_errors
 from trainsim.search.exports import SEARCH_OUTPUT_FILES
 from trainsim.search.planner import SearchRecord, SearchResult
+from trainsim.workloads.plan import ParallelPlan
 
 _METHOD = typer.Option("grid", "--method", help="grid (Megatron-LM uniform) or aceso.")
 _MODEL = typer.Option(..., "--model", help="Zoo model name or model file.")
@@ -66,31 +67,57 @@ def search_command(
         result = api.search(model, cluster, global_batch=global_batch, method=method,
                             memory_limit_gb=memory_limit_gb, time_budget_s=time_budget_s,
                             profile=profile, objective=objective, top=top, on_record=tick)
+    written: list[Path] = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in api.search_files(result).items():
             (out / name).write_text(text)
+            written.append(out / name)
     if as_json:
         typer.echo(dumps(result.to_dict(), sort_keys=True))
     elif result.ranked:
         _table(result, model, cluster)
+    if written and not as_json:
+        typer.echo("wrote " + ", ".join(str(p) for p in written))
     if result.best is None:
         # Not bad input (exit 2): the search ran and found nothing that fits (exit 1).
         typer.echo(f"error: {result.no_fit_reason()}", err=True)
         raise typer.Exit(1)
 
 
+def plan_words(plan: ParallelPlan) -> str:
+    """A plan in words: `dp2 tp2 pp1 mb4×2, recompute selective` (+ what differs from a
+    uniform Megatron plan: per-stage layers, per-op degrees, ZeRO, schedule)."""
+    words = [(f"dp{plan.dp} tp{plan.tp} pp{plan.pp} mb{plan.micro_batch_size}"
+              f"×{plan.num_micro_batches}")]
+    policies = plan.stage_recompute if plan.stage_recompute is not None else (plan.recompute,)
+    texts = [p if isinstance(p, str) else ",".join(p) for p in policies]
+    words.append("recompute " + (texts[0] if len(set(texts)) == 1 else " / ".join(texts)))
+    if plan.stage_layers is not None and plan.pp > 1:
+        words.append("layers " + "/".join(str(n) for n in plan.stage_layers))
+    if plan.stage_tp is not None and set(plan.stage_tp) != {plan.tp}:
+        words.append("stage tp " + "/".join(str(n) for n in plan.stage_tp))
+    if plan.op_tp or plan.stage_op_tp:
+        words.append("per-op tp")
+    if plan.zero:
+        words.append(f"zero {plan.zero}")
+    if plan.schedule != "1f1b":
+        words.append(plan.schedule)
+    return ", ".join(words)
+
+
 def _table(result: SearchResult, model: str, cluster: str) -> None:
     table = Table(title=f"{result.method} search: {model} on {cluster}, global batch "
                         f"{result.spec.global_batch} ({result.evaluated} plans in "
                         f"{result.search_s:.1f} s{', interrupted' if result.interrupted else ''})")
-    for col in ("#", "samples/s", "iteration (s)", "peak mem (GB)", "plan"):
-        table.add_column(col)
+    for col in ("#", "samples/s", "iteration (s)", "peak mem (GiB)", "plan", "found by"):
+        table.add_column(col, justify="right" if col[0] in "#sip" and col != "plan" else "left")
     for i, r in enumerate(result.ranked, 1):
         table.add_row(str(i), f"{r.summary.samples_per_s:.3f}",
                       f"{r.summary.iteration_time_s:.3f}",
-                      f"{r.summary.peak_memory_bytes / 1e9:.2f}", r.note)
+                      f"{r.summary.peak_memory_bytes / 2**30:.2f}",
+                      "-" if r.plan is None else plan_words(r.plan), r.note)
     Console().print(table)
 
 
-__all__ = ["search_command"]
+__all__ = ["plan_words", "search_command"]
