@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainsim.errors import SpecError, TrainsimError
+from trainsim.simulator.own_files import written_by_trainsim
 
 EXIT_BAD_INPUT = 2
 """Exit code for input a user can fix (one line on stderr names it)."""
@@ -86,7 +87,7 @@ def check_new_file(path: Path | None, force: bool, what: str | None = None, *,
     name = str(path) if what is None else f"{what} {str(path)!r}"
     if path.is_dir():
         raise SpecError(f"{name} is a folder; give a file path")
-    if path.exists() and not force:
+    if path.exists() and not force and not written_by_trainsim(path):
         raise SpecError(f"{name} exists; pass --force to overwrite it")
     if path.exists() and not os.access(path, os.W_OK):
         raise SpecError(f"{name} is not writable")
@@ -94,7 +95,8 @@ def check_new_file(path: Path | None, force: bool, what: str | None = None, *,
 
 
 def check_out_dir(out: Path | None, names: Iterable[str], force: bool) -> None:
-    """Refuse an `--out` folder that is a file, or that holds any of `names` unless `force`."""
+    """Refuse an `--out` folder that is a file, or that holds any of `names` that trainsim did
+    not write itself, unless `force`."""
     if out is None:
         return
     names = tuple(names)
@@ -105,7 +107,7 @@ def check_out_dir(out: Path | None, names: Iterable[str], force: bool) -> None:
     if force:
         return
     for name in names:
-        if (out / name).exists():
+        if (out / name).exists() and not written_by_trainsim(out / name):
             raise SpecError(f"{out / name} exists; pass --force to overwrite it")
 
 

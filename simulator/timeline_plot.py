@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from trainsim.simulator.own_files import mark_html
 from trainsim.simulator.program import KNOWN_KINDS, stream_display_order
 from trainsim.simulator.result import SimResult
 
@@ -179,7 +180,7 @@ def write_timeline_html(
         div_id=DIV_ID,
         config={"displaylogo": False, "responsive": True},
     )
-    path.write_text(html, encoding="utf-8")
+    path.write_text(mark_html(html), encoding="utf-8")
     return path
 
 

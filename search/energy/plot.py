@@ -3,6 +3,7 @@ chosen plan coloured by SM frequency. Draws only; the numbers come from the plan
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ import numpy as np
 from trainsim.search.energy.baselines import Baseline
 from trainsim.search.energy.dag import InstructionDag
 from trainsim.search.energy.point import FrontierPoint
+from trainsim.simulator.own_files import mark_html
 
 
 def frontier_figure(dag: InstructionDag, points: list[FrontierPoint], baselines: list[Baseline],
@@ -58,4 +60,5 @@ def frontier_figure(dag: InstructionDag, points: list[FrontierPoint], baselines:
 
 def write_html(fig: Any, path: str) -> None:
     """Self-contained HTML (plotly.js inlined), stable div id for byte-identical output."""
-    fig.write_html(path, include_plotlyjs=True, full_html=True, div_id="energy-frontier")
+    html = fig.to_html(include_plotlyjs=True, full_html=True, div_id="energy-frontier")
+    Path(path).write_text(mark_html(html), encoding="utf-8")
