@@ -59,6 +59,7 @@ __all__ = [
     "energy_dag",
     "energy_frontier",
     "energy_pick",
+    "estimate_tasks",
     "list_models",
     "load_cluster",
     "load_cost_model",
@@ -191,12 +192,51 @@ def make_plan(model: ModelSpec, cluster: Cluster,
     return ParallelPlan.build(model, cluster, **plan_fields(model, cluster, base, overrides))
 
 
+DEFAULT_MAX_TASKS = 10_000_000
+"""Largest program `simulate` runs unless told otherwise: about 1.2 KB of memory per task
+(bench/engine.py: 829,440 tasks in 1.02 GB peak RSS), so ~12 GB and about a minute here."""
+
+
+def estimate_tasks(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
+                   options: LoweringOptions | None = None) -> int:
+    """Tasks the lowered program of `plan` will have, without lowering all of it: a program
+    grows linearly with the micro-batch count, so lower copies with k and 2k micro-batches
+    (k: two per pipeline stage, as 1F1B fills its pipeline) and extrapolate the line."""
+    m = plan.num_micro_batches or 0  # set by ParallelPlan.build
+    k = 2 * plan.pp * plan.virtual_stages
+    if plan.micro_batches is not None or m <= 2 * k:
+        return lower(model, cluster, plan, options).num_tasks
+
+    def tasks(count: int) -> int:
+        fields = {**plan.to_dict(), "num_micro_batches": count,
+                  "global_batch": count * plan.micro_batch_size * plan.dp}
+        return lower(model, cluster, ParallelPlan.build(model, cluster, **fields),
+                     options).num_tasks
+
+    first, second = tasks(k), tasks(2 * k)
+    return first + (second - first) * (m - k) // k
+
+
+def check_work_size(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
+                    options: LoweringOptions | None, max_tasks: int | None) -> None:
+    """Refuse, before the work starts, a run whose program would exceed `max_tasks`, with the
+    estimate and the way out."""
+    if max_tasks is None:
+        return
+    tasks = estimate_tasks(model, cluster, plan, options)
+    if tasks > max_tasks:
+        raise SpecError(f"this run would simulate about {tasks:,} tasks ({plan.num_micro_batches:,}"
+                        f" micro-batches of {plan.micro_batch_size}), over --max-tasks "
+                        f"{max_tasks:,}: give a smaller --global-batch or a larger --micro-batch, "
+                        f"keep ranks folded (no --unfold), or raise --max-tasks")
+
+
 def simulate(model: str | ModelSpec, cluster: str | Cluster,
              plan: ParallelPlan | Mapping[str, Any] | str | Path | None = None, *,
              engine: str = "numba", options: LoweringOptions | None = None,
              profile: str | Path | ProfiledCostModel | None = None, unfold: bool = False,
              on_progress: Callable[[int, int], None] | None = None,
-             **overrides: Any) -> SimResult:
+             max_tasks: int | None = DEFAULT_MAX_TASKS, **overrides: Any) -> SimResult:
     """Simulate one training iteration of `model` on `cluster` under `plan`.
 
     Args:
@@ -209,6 +249,8 @@ def simulate(model: str | ModelSpec, cluster: str | Cluster,
             roofline; it also describes `cpu:N`.
         unfold: Simulate every GPU as its own rank.
         on_progress: Called as (tasks_done, total) now and then, for progress bars.
+        max_tasks: Refuse (SpecError, before lowering) a program estimated larger than this;
+            None runs anything.
         **overrides: Plan fields that override `plan`'s (dp=2, recompute="full", ...).
 
     Returns:
@@ -221,6 +263,7 @@ def simulate(model: str | ModelSpec, cluster: str | Cluster,
     checked = make_plan(spec, hw, plan, **overrides)
     if options is None:
         options = lowering_options(profile=cost, unfold=unfold)
+    check_work_size(spec, hw, checked, options, max_tasks)
     return run_program(lower(spec, hw, checked, options), engine=engine, on_progress=on_progress)
 
 

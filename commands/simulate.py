@@ -69,6 +69,9 @@ def simulate_command(
     trace: Path | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace."),
     save_plan: Path | None = typer.Option(None, "--save-plan", help="Write the plan as JSON."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
+    max_tasks: int = typer.Option(api.DEFAULT_MAX_TASKS, "--max-tasks", min=1,
+                                  help="Refuse a run estimated to simulate more tasks than this "
+                                  "(checked before the work starts)."),
     allow_oom: bool = typer.Option(False, "--allow-oom", help="Exit 0 even when the plan does "
                                    "not fit in memory (default: report it and exit 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -90,7 +93,7 @@ def simulate_command(
                          zero=zero, freq_mhz=freq_mhz, recompute=recompute)
     with _progress_bar(console) as on_progress:
         result = api.simulate(spec, hw, plan, engine=engine, profile=cost, unfold=unfold,
-                              on_progress=on_progress)
+                              on_progress=on_progress, max_tasks=max_tasks)
     if save_plan:
         plan.save(save_plan, force=force)
     if timeline:

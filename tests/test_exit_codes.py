@@ -49,3 +49,40 @@ def test_an_output_that_is_a_folder_is_refused(capsys: pytest.CaptureFixture[str
     code, _, err = _run(capsys, "simulate", "--model", "gpt3-125m", "--global-batch", "4",
                         "--timeline", str(tmp_path))
     assert code == 2 and "is a folder" in err
+
+
+@pytest.mark.parametrize("kw", [
+    {"model": "gpt3-1.3b", "cluster": "4xV100-SXM2-32GB", "global_batch": 512},
+    {"model": "gpt3-125m", "cluster": "2x4xA100-SXM4-40GB", "pp": 2, "tp": 2, "dp": 2,
+     "global_batch": 64, "schedule": "interleaved", "virtual_stages": 2},
+    {"model": "gpt3-125m", "cluster": "4xV100-SXM2-32GB", "pp": 4, "global_batch": 60,
+     "schedule": "zb-h1"},
+])
+def test_the_work_estimate_counts_the_tasks_lowering_makes(kw: dict[str, object]) -> None:
+    from trainsim import api
+    from trainsim.workloads.lowering import lower
+
+    fields = dict(kw)
+    model, hw = api.load_model(str(fields.pop("model"))), api.load_cluster(str(fields.pop("cluster")))
+    plan = api.make_plan(model, hw, **fields)
+    for unfold in (False, True):
+        options = api.lowering_options(unfold=unfold)
+        assert api.estimate_tasks(model, hw, plan, options) == lower(model, hw, plan,
+                                                                     options).num_tasks
+
+
+def test_a_run_too_big_to_finish_is_refused_before_it_starts(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--global-batch 10^12` used to run forever; now one line with the estimate."""
+    code, out, err = _run(capsys, "simulate", "--global-batch", str(10**12))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--max-tasks" in err and "1,000,000,000,000 micro" in err
+
+
+def test_max_tasks_lets_a_user_choose(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "simulate", "--model", "gpt3-125m", "--global-batch", "64",
+                        "--max-tasks", "100", "--json")
+    assert code == 2 and "over --max-tasks 100" in err
+    code, _, _ = _run(capsys, "simulate", "--model", "gpt3-125m", "--global-batch", "64",
+                      "--max-tasks", "100000", "--json")
+    assert code == 0
