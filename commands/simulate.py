@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -26,6 +27,9 @@ from trainsim.workloads.plan_defaults import DEFAULT_GLOBAL_BATCH
 
 DEFAULT_MODEL = "gpt3-1.3b"
 DEFAULT_CLUSTER = "4xV100-SXM2-32GB"
+
+VISION_FAMILIES = frozenset({"wresnet"})
+"""Model families whose samples are images (no tokens)."""
 
 EXIT_OOM = 3
 """Exit code of a run whose plan does not fit in memory (2 is bad input)."""
@@ -48,6 +52,8 @@ def simulate_command(
     tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel degree."),
     pp: int | None = typer.Option(None, "--pp", help="Pipeline-parallel degree."),
     sp: bool | None = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism."),
+    ep: int | None = typer.Option(None, "--ep", help="Expert-parallel degree (MoE models: "
+                                  "experts split across data-parallel ranks, all-to-all)."),
     micro_batch: int | None = typer.Option(None, "--micro-batch", help="Micro-batch size."),
     global_batch: int | None = typer.Option(None, "--global-batch",
                                             help=f"Global batch (default {DEFAULT_GLOBAL_BATCH})."),
@@ -87,7 +93,7 @@ def simulate_command(
         cost = api.cost_model_for(cluster, profile)
         spec = api.load_model(model)
         hw = api.load_cluster(cluster, profile=cost)
-    plan = api.make_plan(spec, hw, plan_file, dp=dp, tp=tp, pp=pp, sp=sp,
+    plan = api.make_plan(spec, hw, plan_file, dp=dp, tp=tp, pp=pp, sp=sp, ep=ep,
                          micro_batch_size=micro_batch, global_batch=global_batch,
                          seq_len=seq_len, schedule=schedule, virtual_stages=virtual_stages,
                          zero=zero, freq_mhz=freq_mhz, recompute=recompute)
@@ -105,7 +111,7 @@ def simulate_command(
         echo_json({"model": spec.name, "cluster": cluster, "engine": engine,
                    "plan": plan.to_dict(), **result.to_summary_dict()})
     else:
-        _render(result, spec.name, cluster, plan, timeline, trace)
+        _render(result, spec.name, cluster, plan, timeline, trace, spec.family)
     if result.oom and not allow_oom:
         typer.echo(f"error: {oom_line(result)}", err=True)
         raise typer.Exit(EXIT_OOM)
@@ -145,8 +151,16 @@ def _progress_bar(console: Console) -> Iterator[Callable[[int, int], None]]:
             bar[0].stop()
 
 
+def _throughput(summary: dict[str, Any], family: str) -> str:
+    """Throughput in the model's units: images/s for vision models, samples and tokens/s for
+    language models."""
+    if family in VISION_FAMILIES:
+        return f"{summary['samples_per_s']:.4g} images/s"
+    return f"{summary['samples_per_s']:.4g} samples/s, {summary['tokens_per_s']:.4g} tokens/s"
+
+
 def _render(result: SimResult, model: str, cluster: str, plan: ParallelPlan,
-            timeline: Path | None, trace: Path | None) -> None:
+            timeline: Path | None, trace: Path | None, family: str) -> None:
     console = Console()
     s = result.to_summary_dict()
     head = Table(title=f"{model} on {cluster}: dp={plan.dp} tp={plan.tp} pp={plan.pp} "
@@ -155,7 +169,7 @@ def _render(result: SimResult, model: str, cluster: str, plan: ParallelPlan,
     head.add_column("metric")
     head.add_column("value", justify="right")
     rows = [("iteration time", f"{s['iteration_time_s']:.4g} s"),
-            ("throughput", f"{s['samples_per_s']:.4g} samples/s, {s['tokens_per_s']:.4g} tokens/s"),
+            ("throughput", _throughput(s, family)),
             ("model FLOPs utilisation", f"{100 * s['mfu']:.1f} %" if s["mfu"] else "-"),
             ("compute idle: bubble + waits (max rank)", f"{100 * s['bubble_fraction']:.1f} %"),
             ("peak memory (max rank)", f"{s['peak_memory_bytes'] / 2**30:.2f} GiB"

@@ -132,3 +132,22 @@ def test_energy_on_cpu_n_says_why_it_cannot(capsys: pytest.CaptureFixture[str]) 
     code, out, err = _cli(capsys, "energy", "frontier", "--model", "tiny-gpt", "--cluster",
                           "cpu:2", "--pp", "2", "--microbatches", "2")
     assert code == 2 and out == "" and "DVFS" in err and err.count("\n") == 1
+
+
+def test_ep_flag_reaches_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--ep` splits a MoE model's experts across the data-parallel ranks (all-to-all)."""
+    runs = {}
+    for ep in ("1", "8"):
+        code, out, _ = _cli(capsys, "simulate", "--model", "gpt-moe-1.3b-8e", "--cluster",
+                            "8xA100-SXM4-80GB", "--dp", "8", "--global-batch", "16", "--ep", ep,
+                            "--json")
+        assert code == 0
+        runs[ep] = json.loads(out)
+    assert runs["8"]["plan"]["ep"] == 8 and runs["1"]["plan"]["ep"] == 1
+    assert runs["8"]["peak_memory_bytes"] < runs["1"]["peak_memory_bytes"]
+
+
+def test_vision_models_report_images_per_second(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "simulate", "--model", "wresnet-500m", "--cluster",
+                        "4xA100-SXM4-80GB", "--dp", "4", "--global-batch", "16")
+    assert code == 0 and "images/s" in out and "tokens/s" not in out
