@@ -25,6 +25,7 @@ from trainsim.hwmodels.catalog_views import catalog_gpus, describe_hardware
 from trainsim.hwmodels.catalog_views import describe_cluster as _cluster_view
 from trainsim.hwmodels.cluster import Cluster, parse_cluster
 from trainsim.search.aceso.profile import aceso_lowering_options
+from trainsim.search.energy.outputs import PLAN_FILES
 from trainsim.search.exports import search_output_files
 from trainsim.search.methods import get_planner
 from trainsim.search.oracle import Oracle
@@ -45,11 +46,13 @@ from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.model_summary import model_summary
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.plan_defaults import plan_fields
+from trainsim.workloads.plan_file import PlanFile, plan_file_text, read_plan_file
 from trainsim.workloads.zoo import get_model
 from trainsim.workloads.zoo import list_models as zoo_names
 
 __all__ = [
     "ENGINES",
+    "PlanFile",
     "catalog_gpus",
     "check_device",
     "cost_model_for",
@@ -67,9 +70,11 @@ __all__ = [
     "lowering_options",
     "make_plan",
     "profile_ops",
+    "read_plan",
     "record_trace",
     "reference_cpu_profile",
     "run_program",
+    "save_plan",
     "search",
     "search_files",
     "search_options",
@@ -172,6 +177,20 @@ def lowering_options(*, profile: str | Path | ProfiledCostModel | None = None,
     return LoweringOptions(fold=not unfold, cost_model=cost)
 
 
+def save_plan(plan: ParallelPlan, path: str | Path, *, model: str, cluster: str) -> Path:
+    """Write `plan` with its run (the model and cluster as the user named them, trainsim's
+    version), so `sim simulate --plan FILE` alone reproduces it. Callers check the path first
+    (commands/output.py)."""
+    out = Path(path)
+    out.write_text(plan_file_text(plan, model=model, cluster=cluster), encoding="utf-8")
+    return out
+
+
+def read_plan(path: str | Path) -> PlanFile:
+    """A saved plan file's fields and run (model, cluster, version; None where absent)."""
+    return read_plan_file(path)
+
+
 def make_plan(model: ModelSpec, cluster: Cluster,
               plan: ParallelPlan | Mapping[str, Any] | str | Path | None = None,
               **overrides: Any) -> ParallelPlan:
@@ -182,7 +201,7 @@ def make_plan(model: ModelSpec, cluster: Cluster,
     `recompute` may be given as "none" / "selective" / "full" or "op1,op2,...".
     """
     if isinstance(plan, (str, Path)):
-        base: dict[str, Any] | None = ParallelPlan.load(plan).to_dict()
+        base: dict[str, Any] | None = read_plan_file(plan).fields
     elif isinstance(plan, ParallelPlan):
         base = plan.to_dict()
     elif plan is not None:
@@ -359,10 +378,15 @@ def search(model: str | ModelSpec, cluster: str | Cluster, *, global_batch: int,
     return run_search(planner, request, oracle=oracle, on_record=on_record)
 
 
-def search_files(result: SearchResult) -> dict[str, str]:
-    """The files `sim search --out` writes, by name: the best plan as trainsim JSON, Aceso's
-    config and Megatron-LM flags, the ranked plans and the search log."""
-    return search_output_files(result, result.spec.model, result.spec.cluster)
+def search_files(result: SearchResult, *, model: str, cluster: str) -> dict[str, str]:
+    """The files `sim search --out` writes, by name: the best plan as a plan file that names
+    its run (`model`, `cluster` as the user gave them), Aceso's config and Megatron-LM flags,
+    the ranked plans and the search log."""
+    files = search_output_files(result, result.spec.model, result.spec.cluster)
+    best = result.best
+    if best is not None and best.plan is not None:
+        files["best_plan.json"] = plan_file_text(best.plan, model=model, cluster=cluster)
+    return files
 
 
 def energy_dag(*, microbatches: int | None, profile: str | Path | None = None,
@@ -388,11 +412,13 @@ def energy_dag(*, microbatches: int | None, profile: str | Path | None = None,
 
 
 def energy_frontier(dag: Any, *, unit_s: float = 1e-3, out: Path | None = None,
-                    on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                    on_step: Callable[[int, int], None] | None = None,
+                    model: str | None = None, cluster: str | None = None) -> dict[str, Any]:
     """Every frequency plan on the iteration time–energy frontier (Perseus / Lowtime's
     crashing), the Zeus and EnvPipe baselines, the intrinsic saving and, in model mode, the
     all-max and no-slowdown plans as `lower()` runs them. With `out`, writes plans.json,
-    frontier.html and the plan files there. Returns {"run", "lowered", "summary"}."""
+    frontier.html and the plan files there (plan files that name their run: `model`,
+    `cluster` as the user gave them). Returns {"run", "lowered", "summary"}."""
     from trainsim.search.energy import planner  # deferred: start-up time (numba kernels)
     run = planner.run_frontier(dag, unit_s, on_step=on_step)
     lowered = planner.lowered_plans(dag, run)
@@ -400,6 +426,9 @@ def energy_frontier(dag: Any, *, unit_s: float = 1e-3, out: Path | None = None,
     if out is not None:
         planner.write_outputs(out, dag, run, run.fastest, {"all_max": summary["all_max"]},
                               lowered)
+        if lowered is not None and lowered.note is None and model and cluster:
+            for key, name in PLAN_FILES.items():
+                save_plan(lowered.plans[key].plan, out / name, model=model, cluster=cluster)
     return {"run": run, "lowered": lowered, "summary": summary}
 
 

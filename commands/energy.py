@@ -114,7 +114,8 @@ def frontier_command(profile: Path = _PROFILE, microbatches: int = _MB, gpu: str
     dag = _dag(profile, microbatches, gpu, blocking_power_w, model, cluster, pp, tp, dp,
                micro_batch_size)
     with _progress(dag.num_nodes, unit_s) as tick:
-        res = api.energy_frontier(dag, unit_s=unit_s, out=out, on_step=tick)
+        res = api.energy_frontier(dag, unit_s=unit_s, out=out, on_step=tick, model=model,
+                                  cluster=cluster)
     run, lowered, summary = res["run"], res["lowered"], res["summary"]
     if as_json:
         typer.echo(dumps(summary, indent=None))

@@ -40,14 +40,18 @@ PROGRESS_MIN_TASKS = 50_000
 
 @user_errors
 def simulate_command(
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m",
-                              help="Zoo name, model YAML, or Hugging Face config.json."),
-    cluster: str = typer.Option(DEFAULT_CLUSTER, "--cluster", "-c",
-                                help="Cluster spec (e.g. 2x8xA100-SXM4-80GB), YAML file, or "
-                                "cpu:N (N local processes, described by --profile or the "
-                                "packaged reference profile)."),
-    plan_file: Path | None = typer.Option(None, "--plan", help="ParallelPlan JSON file; flags "
-                                          "given on the command line override its fields."),
+    model: str | None = typer.Option(None, "--model", "-m",
+                                     help=f"Zoo name, model YAML, or Hugging Face config.json "
+                                     f"(default: the --plan file's, else {DEFAULT_MODEL})."),
+    cluster: str | None = typer.Option(None, "--cluster", "-c",
+                                       help="Cluster spec (e.g. 2x8xA100-SXM4-80GB), YAML file, "
+                                       "or cpu:N (N local processes, described by --profile or "
+                                       "the packaged reference profile; default: the --plan "
+                                       f"file's, else {DEFAULT_CLUSTER})."),
+    plan_file: Path | None = typer.Option(None, "--plan", help="Saved plan file (--save-plan, "
+                                          "sim search/energy --out): it names its model and "
+                                          "cluster; flags given beside it override its fields "
+                                          "(each override is printed)."),
     dp: int | None = typer.Option(None, "--dp", help="Data-parallel degree."),
     tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel degree."),
     pp: int | None = typer.Option(None, "--pp", help="Pipeline-parallel degree."),
@@ -89,19 +93,25 @@ def simulate_command(
     for path, what in ((timeline, "--timeline"), (trace, "--trace"), (save_plan, "--save-plan")):
         check_new_file(path, force, what)
     console = stderr_console(quiet=as_json)
+    saved = api.read_plan(plan_file) if plan_file is not None else None
+    model = model or (saved and saved.model) or DEFAULT_MODEL
+    cluster = cluster or (saved and saved.cluster) or DEFAULT_CLUSTER
+    given = {"dp": dp, "tp": tp, "pp": pp, "sp": sp, "ep": ep, "micro_batch_size": micro_batch,
+             "global_batch": global_batch, "seq_len": seq_len, "schedule": schedule,
+             "virtual_stages": virtual_stages, "zero": zero, "freq_mhz": freq_mhz,
+             "recompute": recompute}
+    if saved is not None:
+        _print_overrides(saved, model, cluster, given)
     with console.status("resolving model and cluster..."):
         cost = api.cost_model_for(cluster, profile)
         spec = api.load_model(model)
         hw = api.load_cluster(cluster, profile=cost)
-    plan = api.make_plan(spec, hw, plan_file, dp=dp, tp=tp, pp=pp, sp=sp, ep=ep,
-                         micro_batch_size=micro_batch, global_batch=global_batch,
-                         seq_len=seq_len, schedule=schedule, virtual_stages=virtual_stages,
-                         zero=zero, freq_mhz=freq_mhz, recompute=recompute)
+    plan = api.make_plan(spec, hw, None if saved is None else saved.fields, **given)
     with _progress_bar(console) as on_progress:
         result = api.simulate(spec, hw, plan, engine=engine, profile=cost, unfold=unfold,
                               on_progress=on_progress, max_tasks=max_tasks)
     if save_plan:
-        plan.save(save_plan, force=force)
+        api.save_plan(plan, save_plan, model=model, cluster=cluster)
     if timeline:
         with console.status("drawing the timeline..."):
             write_timeline_html(result, timeline)
@@ -115,6 +125,20 @@ def simulate_command(
     if result.oom and not allow_oom:
         typer.echo(f"error: {oom_line(result)}", err=True)
         raise typer.Exit(EXIT_OOM)
+
+
+def _print_overrides(saved: api.PlanFile, model: str, cluster: str,
+                     given: dict[str, Any]) -> None:
+    """One stderr line per flag that changes what the plan file says."""
+    for key, value in (("model", model), ("cluster", cluster)):
+        was = getattr(saved, key)
+        if was is not None and value != was:
+            typer.echo(f"override: --{key} {value} (plan file: {was})", err=True)
+    for key, value in given.items():
+        if value is not None and saved.fields.get(key) != value:
+            flag = "--micro-batch" if key == "micro_batch_size" else "--" + key.replace("_", "-")
+            typer.echo(f"override: {flag} {value} (plan file: {saved.fields.get(key)})",
+                       err=True)
 
 
 def oom_line(result: SimResult) -> str:

@@ -561,13 +561,16 @@ class ParallelPlan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ParallelPlan:
-        """Build from a dict, rejecting unknown keys by name."""
+        """Build from a dict, rejecting unknown keys by name (the run keys of a saved plan
+        file, RUN_KEYS, are not plan fields and are skipped: workloads/plan_file.py)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = [k for k in data if k not in names]
+        unknown = [k for k in data if k not in names and k not in RUN_KEYS]
         if unknown:
             raise PlanError(str(unknown_name("plan field", str(unknown[0]), names)))
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
+            if key in RUN_KEYS:
+                continue
             try:  # lists stay lists: _check_types turns them into tuples, checking elements
                 if key == "order" and isinstance(value, Mapping):  # {"0": [...], "1": [...]}
                     value = [value[k] for k in sorted(value, key=int)]
@@ -615,6 +618,11 @@ class ParallelPlan:
         return dataclasses.replace(self, **changes)
 
 
+RUN_KEYS = ("model", "cluster", "trainsim_version")
+"""Keys a saved plan file carries beside the plan's fields, so the file alone reproduces the
+run (workloads/plan_file.py)."""
+
+
 def _group_gpus(group: Any) -> int:
     for attr in ("num_gpus", "gpus"):
         value = getattr(group, attr, None)
@@ -631,4 +639,5 @@ def uniform_split(num_layers: int, stages: int) -> tuple[int, ...]:
     return tuple(base + (1 if s < extra else 0) for s in range(stages))
 
 
-__all__ = ["SCHEDULES", "MicroBatch", "ParallelPlan", "normalise_schedule", "uniform_split"]
+__all__ = ["RUN_KEYS", "SCHEDULES", "MicroBatch", "ParallelPlan", "normalise_schedule",
+           "uniform_split"]

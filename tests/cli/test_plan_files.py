@@ -1,0 +1,63 @@
+"""Saved plans describe their run: `sim simulate --plan FILE` alone reproduces it, flags beside
+it override (each override printed), and search and energy write the same schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import trainsim
+from trainsim.cli import main
+from trainsim.workloads.plan import RUN_KEYS, ParallelPlan
+from trainsim.workloads.plan_file import TRAINSIM_VERSION
+
+RUN = ["--model", "gpt3-125m", "--cluster", "2xA100-SXM4-80GB"]
+
+
+def _sim(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict, str]:
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", *args, "--json"])
+    out = capsys.readouterr()
+    assert (info.value.code or 0) == 0, out.err
+    return json.loads(out.out), out.err
+
+
+def test_a_saved_plan_alone_reproduces_the_run(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    first, _ = _sim(capsys, *RUN, "--pp", "2", "--global-batch", "16", "--seq-len", "512",
+                    "--save-plan", str(path))
+    saved = json.loads(path.read_text())
+    assert {k: saved[k] for k in RUN_KEYS} == {"model": "gpt3-125m", "cluster": "2xA100-SXM4-80GB",
+                                               "trainsim_version": TRAINSIM_VERSION}
+    assert (saved["global_batch"], saved["seq_len"], saved["dtype"]) == (16, 512, "fp16")
+    again, err = _sim(capsys, "--plan", str(path))
+    assert again == first and err == ""
+    assert ParallelPlan.load(path).pp == 2  # the Python API reads the same file
+
+
+def test_flags_beside_a_plan_override_it_and_say_so(capsys: pytest.CaptureFixture[str],
+                                                    tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    _sim(capsys, *RUN, "--pp", "2", "--global-batch", "16", "--save-plan", str(path))
+    doc, err = _sim(capsys, "--plan", str(path), "--global-batch", "32")
+    assert doc["plan"]["global_batch"] == 32 and doc["plan"]["num_micro_batches"] == 32
+    assert err.strip() == "override: --global-batch 32 (plan file: 16)"
+
+
+def test_search_writes_the_same_schema(capsys: pytest.CaptureFixture[str],
+                                       tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit):
+        main(["search", *RUN, "--global-batch", "8", "--time-budget-s", "20", "--out", str(out),
+              "--json"])
+    best = json.loads(capsys.readouterr().out)["best"]
+    doc, _ = _sim(capsys, "--plan", str(out / "best_plan.json"))
+    assert doc["model"] == "gpt3-125m" and doc["cluster"] == "2xA100-SXM4-80GB"
+    assert doc["iteration_time_s"] == pytest.approx(best["iteration_time_s"], rel=1e-12)
+
+
+def test_the_version_written_is_trainsims() -> None:
+    assert TRAINSIM_VERSION == trainsim.__version__
