@@ -167,6 +167,21 @@ def describe_cluster(spec: str, *, profile: str | Path | ProfiledCostModel | Non
     return _cluster_view(load_cluster(spec, profile=profile), spec)
 
 
+def check_profile_matches(cost: ProfiledCostModel | None, cluster: Cluster) -> None:
+    """Refuse a profile measured on a CPU for a GPU cluster (and the reverse): its op times
+    would be silently wrong by orders of magnitude (MFU 0.000)."""
+    if cost is None:
+        return
+    measured_cpu = str(cost.db.meta.get("device", "cpu")) == "cpu"
+    cluster_cpu = {cluster.gpu(r).name for r in range(cluster.num_gpus)} == {"cpu"}
+    if measured_cpu != cluster_cpu:
+        where = "this CPU" if measured_cpu else f"GPU {cost.db.meta.get('gpu_name', '?')}"
+        raise SpecError(f"--profile was measured on {where}, but the cluster runs on "
+                        f"{'CPU processes' if cluster_cpu else cluster.gpu(0).name}: profile "
+                        f"that device (`sim profile --device {'cpu' if cluster_cpu else 'cuda'}`)"
+                        f" or drop --profile")
+
+
 def lowering_options(*, profile: str | Path | ProfiledCostModel | None = None,
                      unfold: bool = False) -> LoweringOptions | None:
     """LoweringOptions for a profile database (measured op costs replace the roofline) and
@@ -279,6 +294,7 @@ def simulate(model: str | ModelSpec, cluster: str | Cluster,
     cost = cost_model_for(cluster, profile)
     spec = load_model(model)
     hw = load_cluster(cluster, profile=cost)
+    check_profile_matches(cost, hw)
     checked = make_plan(spec, hw, plan, **overrides)
     if options is None:
         options = lowering_options(profile=cost, unfold=unfold)

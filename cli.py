@@ -45,7 +45,17 @@ def main(argv: list[str] | None = None) -> None:
         # Piped output: rich would fall back to 80 columns and cut names ("A10…"); widen it.
         os.environ.setdefault("COLUMNS", "200")
     try:
-        app(args=argv, standalone_mode=True)
+        code = app(args=argv, standalone_mode=False)
+    except typer.TyperException as exc:
+        # A usage error (bad option value, unknown command): one line, not a panel. (`sim`
+        # alone shows the help and ends here with an empty message.)
+        message = exc.format_message()
+        if message:
+            typer.echo(f"error: {message} (see sim --help)", err=True)
+        raise SystemExit(getattr(exc, "exit_code", EXIT_BAD_INPUT)) from None
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        raise SystemExit(1) from None
     except (TrainsimError, OSError, UnicodeDecodeError) as exc:
         # A backstop: commands turn user errors into one line themselves (user_errors).
         line = error_line(exc)
@@ -53,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         typer.echo(f"error: {line}", err=True)
         raise SystemExit(EXIT_BAD_INPUT) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

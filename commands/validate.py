@@ -79,7 +79,7 @@ def validate_command(
     trace: Path = typer.Argument(..., help="Measured trace (sim trace)."),
     profile: Path | None = typer.Option(None, "--profile", help="Profile database; default "
                                         "profile.csv beside the trace."),
-    max_error: float | None = typer.Option(None, "--max-error", help="Exit 1 when |iteration "
+    max_error: float | None = typer.Option(None, "--max-error", min=0.0, help="Exit 1 when |iteration "
                                            "time error| exceeds this fraction (0.05 = 5%)."),
     html: Path | None = typer.Option(None, "--html", help="Write the overlay timeline."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),

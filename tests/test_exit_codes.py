@@ -9,6 +9,8 @@ import pytest
 
 from trainsim.cli import main
 
+REPO = Path(__file__).resolve().parents[1]
+
 OOM_RUN = ["simulate", "--model", "gpt3-13b", "--cluster", "2xV100-SXM2-32GB", "--dp", "2",
            "--global-batch", "8"]
 """GPT-3 13B replicated on two 32 GB V100s: 16 bytes/parameter of weights, gradients and Adam
@@ -86,3 +88,23 @@ def test_max_tasks_lets_a_user_choose(capsys: pytest.CaptureFixture[str]) -> Non
     code, _, _ = _run(capsys, "simulate", "--model", "gpt3-125m", "--global-batch", "64",
                       "--max-tasks", "100000", "--json")
     assert code == 0
+
+
+@pytest.mark.parametrize("args, field", [
+    (["validate", str(REPO / "traces/tiny-gpt-dp2.json"), "--max-error", "-1"], "--max-error"),
+    (["simulate", "--global-batch", "abc"], "--global-batch"),
+    (["simulate", "--max-tasks", "0"], "--max-tasks"),
+    (["nosuch"], "nosuch"),
+])
+def test_usage_errors_are_one_line_naming_the_field(capsys: pytest.CaptureFixture[str],
+                                                    args: list[str], field: str) -> None:
+    code, out, err = _run(capsys, *args)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and field in err
+
+
+def test_a_cpu_profile_is_refused_for_a_gpu_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to give MFU 0.000 without a word."""
+    code, out, err = _run(capsys, "simulate", "--model", "tiny-gpt", "--cluster",
+                          "2xV100-SXM2-32GB", "--dp", "2", "--profile", str(REPO / "traces/profile.csv"))
+    assert code == 2 and out == "" and "measured on this CPU" in err
