@@ -1,0 +1,60 @@
+"""Every `sim` command in the README runs as written, in order, in a fresh folder (outputs of
+one command feed the next, e.g. --save-plan then --plan). Only wall-clock budgets shrink;
+bench/ scripts are benchmarks and run elsewhere."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from trainsim.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SMALLER = {"--time-budget-s": "5"}
+"""Options shrunk for the test: the search's wall-clock budget."""
+
+
+def readme_sim_commands() -> list[str]:
+    """The `sim ...` lines of the README's bash blocks, continuations joined, comments cut."""
+    text = (REPO / "README.md").read_text()
+    commands: list[str] = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if line.startswith("sim "):
+                commands.append(line)
+    return commands
+
+
+def _args(command: str) -> list[str]:
+    words = shlex.split(command)[1:]
+    return [SMALLER.get(words[i - 1], w) if i else w for i, w in enumerate(words)]
+
+
+def test_the_readme_has_sim_commands() -> None:
+    commands = readme_sim_commands()
+    assert len(commands) >= 15 and all(c.startswith("sim ") for c in commands)
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_as_written(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "traces").symlink_to(REPO / "traces", target_is_directory=True)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    failed = []
+    try:
+        for command in readme_sim_commands():
+            with pytest.raises(SystemExit) as info:
+                main(_args(command))
+            err = capsys.readouterr().err
+            if info.value.code not in (0, None):
+                failed.append(f"{command}\n  -> exit {info.value.code}: {err.strip()[-300:]}")
+    finally:
+        os.chdir(cwd)
+    assert not failed, "\n".join(failed)
