@@ -151,3 +151,23 @@ def test_vision_models_report_images_per_second(capsys: pytest.CaptureFixture[st
     code, out, _ = _cli(capsys, "simulate", "--model", "wresnet-500m", "--cluster",
                         "4xA100-SXM4-80GB", "--dp", "4", "--global-batch", "16")
     assert code == 0 and "images/s" in out and "tokens/s" not in out
+
+
+@pytest.mark.parametrize("gpus", ["1x", "3x", "2x8x", "7x4x"])
+def test_the_default_plan_is_valid_on_every_catalog_gpu(gpus: str) -> None:
+    """With no degrees or batch given, every GPU type of the catalog, in odd counts too, gets
+    a plan that builds (the default batch of 512 rounds to a multiple of the replicas)."""
+    model = api.load_model("gpt3-1.3b")
+    for gpu in api.catalog_gpus():
+        cluster = api.load_cluster(f"{gpus}{gpu.name}")
+        plan = api.make_plan(model, cluster)
+        assert plan.dp * plan.tp * plan.pp == cluster.num_gpus
+        assert plan.global_batch is not None and plan.global_batch % plan.dp == 0
+
+
+def test_the_default_plan_on_the_readme_mixed_cluster() -> None:
+    """36 GPUs, 24 layers: data parallelism over all of them, global batch 504 (was an error:
+    512 is not divisible by 36)."""
+    plan = api.make_plan(api.load_model("gpt3-1.3b"),
+                         api.load_cluster("1x8xA100-SXM4-40GB+7x4xA10"))
+    assert (plan.dp, plan.pp, plan.global_batch) == (36, 1, 504)
