@@ -238,7 +238,7 @@ def estimate_tasks(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
     (k: two per pipeline stage, as 1F1B fills its pipeline) and extrapolate the line."""
     m = plan.num_micro_batches or 0  # set by ParallelPlan.build
     k = 2 * plan.pp * plan.virtual_stages
-    if plan.micro_batches is not None or m <= 2 * k:
+    if plan.micro_batches is not None or plan.dp_batch_split is not None or m <= 2 * k:
         return lower(model, cluster, plan, options).num_tasks
 
     def tasks(count: int) -> int:

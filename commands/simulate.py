@@ -19,6 +19,7 @@ from rich.table import Table
 
 from trainsim import api
 from trainsim.commands.output import check_new_file, echo_json, stderr_console, user_errors
+from trainsim.errors import PlanError
 from trainsim.simulator.chrome_trace import write_chrome_trace
 from trainsim.simulator.result import SimResult
 from trainsim.simulator.timeline_plot import write_timeline_html
@@ -61,6 +62,9 @@ def simulate_command(
     micro_batch: int | None = typer.Option(None, "--micro-batch", help="Micro-batch size."),
     global_batch: int | None = typer.Option(None, "--global-batch",
                                             help=f"Global batch (default {DEFAULT_GLOBAL_BATCH})."),
+    dp_batch_split: str | None = typer.Option(
+        None, "--dp-batch-split", help="Samples of each data-parallel replica per iteration, "
+        "e.g. 12,12,4,4 (sums to --global-batch; heterogeneous clusters give faster GPUs more)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length."),
     schedule: str | None = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved, "
                                         "zb-h1, or torch:<ScheduleClass>."),
@@ -99,7 +103,7 @@ def simulate_command(
     given = {"dp": dp, "tp": tp, "pp": pp, "sp": sp, "ep": ep, "micro_batch_size": micro_batch,
              "global_batch": global_batch, "seq_len": seq_len, "schedule": schedule,
              "virtual_stages": virtual_stages, "zero": zero, "freq_mhz": freq_mhz,
-             "recompute": recompute}
+             "recompute": recompute, "dp_batch_split": _split(dp_batch_split)}
     if saved is not None:
         _print_overrides(saved, model, cluster, given)
     with console.status("resolving model and cluster..."):
@@ -125,6 +129,17 @@ def simulate_command(
     if result.oom and not allow_oom:
         typer.echo(f"error: {oom_line(result)}", err=True)
         raise typer.Exit(EXIT_OOM)
+
+
+def _split(text: str | None) -> list[int] | None:
+    """--dp-batch-split "16,16,8" as [16, 16, 8] (the plan checks the values)."""
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise PlanError(f"--dp-batch-split={text!r} must be comma-separated sample counts, one "
+                        f"per data-parallel replica, e.g. 16,16,8,8") from None
 
 
 def _print_overrides(saved: api.PlanFile, model: str, cluster: str,

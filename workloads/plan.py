@@ -108,7 +108,13 @@ class ParallelPlan:
     global_batch: int | None = None
     """Samples per iteration over all replicas; sets the micro-batch count."""
     num_micro_batches: int | None = None
-    """Micro-batches per replica per iteration; used when `global_batch` is not given."""
+    """Micro-batches per replica per iteration; used when `global_batch` is not given (with
+    `dp_batch_split`, the largest replica's count)."""
+    dp_batch_split: tuple[int, ...] | None = None
+    """Samples of each data-parallel replica per iteration (replica d: the d-th dp index of
+    every stage), summing to `global_batch`, each a multiple of `micro_batch_size`: replica d
+    runs dp_batch_split[d] / micro_batch_size micro-batches (heterogeneous clusters give faster
+    GPUs more). None: an even split (global_batch / dp each)."""
     micro_batches: tuple[MicroBatch, ...] | None = None
     """Explicit per-replica micro-batches with their own size and sequence length."""
     seq_len: int | None = None
@@ -149,7 +155,8 @@ class ParallelPlan:
     instruction_freq_mhz: tuple[tuple[str, float], ...] = ()
     """Per-instruction frequency: (action like "2F3" = stage 2 forward of micro-batch 3, MHz)."""
     placement: tuple[int, ...] | None = None
-    """Node-group index per stage (heterogeneous clusters); stages fill groups in order if None."""
+    """Node-group index per stage (heterogeneous clusters); if None, stages fill node groups
+    fastest GPU first (whatever order the cluster is written in)."""
     dtype: str = "fp16"
     """Compute precision: fp16, bf16 or fp32."""
 
@@ -181,6 +188,7 @@ class ParallelPlan:
             raise PlanError(f"plan.order has {len(self.order)} rank lists but plan.pp={self.pp}")
         self._check_frequencies()
         self._check_stage_fields()
+        self._check_split_fields()
         check_op_tp(self)
 
     def _check_types(self) -> None:
@@ -199,6 +207,12 @@ class ParallelPlan:
         for name in ("global_batch", "num_micro_batches", "seq_len"):
             if getattr(self, name) is not None:
                 put(name, _int(name, getattr(self, name)))
+        if self.dp_batch_split is not None:
+            what = "a list of positive integers (samples of each data-parallel replica)"
+            put("dp_batch_split", tuple(
+                _int(f"dp_batch_split[{i}]", v, f"a positive integer (samples of data-parallel "
+                                                f"replica {i})")
+                for i, v in enumerate(_items("dp_batch_split", self.dp_batch_split, what))))
         if not isinstance(self.sp, bool):
             raise PlanError(f"plan.sp={self.sp!r} must be true or false")
         put("schedule", normalise_schedule(_text(
@@ -250,6 +264,9 @@ class ParallelPlan:
 
     # ----------------------------------------------------------------- self-consistency
     def _check_counts(self) -> None:
+        if self.dp_batch_split is not None:
+            self._check_batch_split(self.dp_batch_split)
+            return
         if self.micro_batches is not None:
             if self.global_batch is not None:
                 total = sum(m.batch_size for m in self.micro_batches) * self.dp
@@ -276,6 +293,61 @@ class ParallelPlan:
         if self.global_batch is None:
             object.__setattr__(self, "global_batch",
                                cast(int, self.num_micro_batches) * self.micro_batch_size * self.dp)
+
+    def _check_batch_split(self, split: tuple[int, ...]) -> None:
+        """`dp_batch_split` against dp, micro_batch_size and global_batch; sets global_batch and
+        num_micro_batches (the largest replica's count)."""
+        shown = list(split)
+        if self.micro_batches is not None:
+            raise PlanError("plan.dp_batch_split cannot be combined with plan.micro_batches "
+                            "(explicit micro-batches are per replica already); give one of them")
+        if len(split) != self.dp:
+            raise PlanError(f"plan.dp_batch_split={shown} has {len(split)} entries but plan.dp="
+                            f"{self.dp}: give one sample count per data-parallel replica")
+        mbs = self.micro_batch_size
+        for d, n in enumerate(split):
+            if n % mbs:
+                raise PlanError(f"plan.dp_batch_split[{d}]={n} is not divisible by plan."
+                                f"micro_batch_size={mbs}: each replica runs whole micro-batches "
+                                f"(e.g. {max(mbs, n // mbs * mbs)} or {(n // mbs + 1) * mbs})")
+        total = sum(split)
+        if self.global_batch is not None and self.global_batch != total:
+            raise PlanError(f"plan.dp_batch_split={shown} sums to {total} but plan.global_batch="
+                            f"{self.global_batch}; the replicas' samples must add up to it")
+        m = max(split) // mbs
+        if self.num_micro_batches is not None and self.num_micro_batches != m:
+            raise PlanError(f"plan.num_micro_batches={self.num_micro_batches} disagrees with "
+                            f"plan.dp_batch_split={shown}: the largest replica runs "
+                            f"max(dp_batch_split)/micro_batch_size={m} micro-batches")
+        object.__setattr__(self, "global_batch", total)
+        object.__setattr__(self, "num_micro_batches", m)
+
+    def _check_split_fields(self) -> None:
+        """Plan fields a `dp_batch_split` cannot go with: it splits whole pipeline replicas, so
+        every stage needs the same replicas (no stage_gpus, stage_tp or per-op degrees), and
+        replicas that run different micro-batch counts cannot meet in per-micro-batch
+        collectives (ZeRO-3 parameter gathers, expert all-to-alls)."""
+        if self.dp_batch_split is None:
+            return
+        for name in ("stage_gpus", "stage_tp", "stage_op_tp"):
+            if getattr(self, name) is not None:
+                raise PlanError(f"plan.dp_batch_split cannot be combined with plan.{name} (it "
+                                f"splits whole pipeline replicas, which need the same dp on "
+                                f"every stage)")
+        if self.op_tp:
+            raise PlanError("plan.dp_batch_split cannot be combined with plan.op_tp (it splits "
+                            "whole pipeline replicas, which need the same dp for every op)")
+        if len(set(self.replica_micro_batch_counts())) > 1:
+            if self.zero >= 3:
+                raise PlanError(f"plan.dp_batch_split={list(self.dp_batch_split)} gives replicas "
+                                f"different micro-batch counts, but plan.zero=3 gathers the "
+                                f"weights on every replica in lockstep for each micro-batch; "
+                                f"use zero <= 2 or an even split")
+            if self.ep > 1:
+                raise PlanError(f"plan.dp_batch_split={list(self.dp_batch_split)} gives replicas "
+                                f"different micro-batch counts, but plan.ep={self.ep} runs "
+                                f"expert all-to-alls across replicas for each micro-batch; use "
+                                f"ep=1 or an even split")
 
     def _check_frequencies(self) -> None:
         if self.stage_freq_mhz is not None and len(self.stage_freq_mhz) != self.pp:
@@ -350,8 +422,17 @@ class ParallelPlan:
             return batch_size
         return max(1, batch_size // self.dp_of_stage(stage))
 
+    def replica_micro_batch_counts(self) -> tuple[int, ...]:
+        """Micro-batches each data-parallel replica runs per iteration: its `dp_batch_split`
+        share over micro_batch_size, else `num_micro_batches` on every replica."""
+        if self.dp_batch_split is not None:
+            return tuple(n // self.micro_batch_size for n in self.dp_batch_split)
+        assert self.num_micro_batches is not None  # set in __post_init__
+        return (self.num_micro_batches,) * self.dp
+
     def micro_batch_list(self, default_seq_len: int) -> tuple[MicroBatch, ...]:
-        """The per-replica micro-batches, explicit or uniform."""
+        """The per-replica micro-batches, explicit or uniform (with `dp_batch_split`, the
+        largest replica's; the others run a prefix of them)."""
         if self.micro_batches is not None:
             return self.micro_batches
         seq = self.seq_len or default_seq_len
@@ -487,6 +568,13 @@ class ParallelPlan:
                 raise PlanError(f"plan.stage_layers={list(sl)} sum to {sum(sl)} but "
                                 f"the model has {layers} layers")
         if self.schedule == "interleaved" and self.virtual_stages > 1 \
+                and self.dp_batch_split is not None:
+            for d, m in enumerate(self.replica_micro_batch_counts()):
+                if m % self.pp:
+                    raise PlanError(f"plan.schedule='interleaved' needs every replica's micro-"
+                                    f"batch count divisible by pp={self.pp}, but plan."
+                                    f"dp_batch_split[{d}]={self.dp_batch_split[d]} gives {m}")
+        if self.schedule == "interleaved" and self.virtual_stages > 1 \
                 and len(self.micro_batch_list(1)) % self.pp:
             raise PlanError(f"plan.schedule='interleaved' needs the micro-batch count "
                             f"({len(self.micro_batch_list(1))}) divisible by pp={self.pp}")
@@ -540,10 +628,13 @@ class ParallelPlan:
         return plan
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict holding every field (round-trips through `from_dict`)."""
+        """A JSON-ready dict holding every field (round-trips through `from_dict`); an unset
+        `dp_batch_split` (the even split) is left out, so plans without one print as before."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name == "dp_batch_split" and value is None:
+                continue
             if f.name == "micro_batches" and value is not None:
                 value = [{"batch_size": m.batch_size, "seq_len": m.seq_len} for m in value]
             elif f.name in ("op_tp", "instruction_freq_mhz"):

@@ -20,7 +20,7 @@ DEFAULT_GLOBAL_BATCH = 512
 
 RECOMPUTE_POLICIES = ("none", "selective", "full")
 
-_BATCH_FIELDS = ("global_batch", "micro_batch_size", "dp")
+_BATCH_FIELDS = ("global_batch", "micro_batch_size", "dp", "dp_batch_split")
 """Fields whose override re-derives a saved plan's micro-batch count."""
 
 
@@ -78,4 +78,6 @@ def plan_fields(model: ModelSpec, cluster: Cluster, base: Mapping[str, Any] | No
     fields.update(given)
     if base is not None and any(k in given for k in _BATCH_FIELDS):
         fields["num_micro_batches"] = None  # re-derived from the overriding batch fields
+        if "dp_batch_split" in given and "global_batch" not in given:
+            fields["global_batch"] = None  # the new split's sum
     return fields

@@ -233,11 +233,15 @@ def cross_unit(comm: CommLowering, layout: LoweringLayout, s: int,
     `last` (per unit, what its next step waits for)."""
     if not needs or not layout.opt.communication or len(groups[0]) < 2:
         return last
-    if layout.fold:
+    if layout.fold and len(last) == 1:
         ids = comm.tasks(needs, name=name, arg=arg, kind=kind, stream=stream, prog_ranks=(s,),
                          copies=groups, deps=last[0], meta=meta, alloc_bytes=alloc_bytes,
                          key=key)
         return {0: ids[-1:] or last[0]}
+    if layout.fold:  # several replica classes: one task per set of classes the groups join
+        return _folded_cross_class(comm, layout, s, groups, needs, name=name, arg=arg,
+                                   kind=kind, stream=stream, last=last, meta=meta,
+                                   alloc_bytes=alloc_bytes, key=key)
     unit_of = layout.unit_of(s)
     out: dict[int, list[int]] = {u: [] for u in last}
     for group in groups:
@@ -248,6 +252,41 @@ def cross_unit(comm: CommLowering, layout: LoweringLayout, s: int,
         for u in touched:
             out[u] += ids[-1:] or last[u]
     return {u: sorted(set(v)) for u, v in out.items()}
+
+
+def _folded_cross_class(comm: CommLowering, layout: LoweringLayout, s: int,
+                        groups: list[tuple[int, ...]], needs: list[Need], *, name: int,
+                        arg: int, kind: int, stream: int, last: dict[int, list[int]],
+                        meta: Meta, alloc_bytes: float, key: Hashable) -> dict[int, list[int]]:
+    """`cross_unit` on a folded stage of several replica classes (units): classes joined by a
+    group (directly or through others) run one task over their program ranks standing for
+    their groups, after every one of them; a class no group joins to another runs its own."""
+    units = layout.units(s)
+    class_of = {r: u for u in range(len(units))
+                for r in layout.represents[units[u][0][0]]}
+    parent = list(range(len(units)))
+
+    def root(u: int) -> int:
+        while parent[u] != u:
+            u = parent[u]
+        return u
+
+    for group in groups:
+        first = root(class_of[group[0]])
+        for r in group[1:]:
+            parent[root(class_of[r])] = first
+    out: dict[int, list[int]] = {}
+    for top in sorted({root(u) for u in last}):
+        members = [u for u in sorted(last) if root(u) == top]
+        mine = [g for g in groups if root(class_of[g[0]]) == top]
+        deps = sorted({d for u in members for d in last[u]})
+        ids = comm.tasks(needs, name=name, arg=arg, kind=kind, stream=stream,
+                         prog_ranks=tuple(units[u][0][0] for u in members), copies=mine,
+                         deps=deps, meta=meta, alloc_bytes=alloc_bytes,
+                         key=None if key is None else (key, top))
+        for u in members:
+            out[u] = ids[-1:] or last[u]
+    return out
 
 
 def merge_phases(phases: Sequence[CommPhase]) -> list[CommPhase]:

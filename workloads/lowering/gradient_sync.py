@@ -87,7 +87,9 @@ class GradientSync:
     def dp_sync(self, k: int, phys: int, c: InstructionCosts,
                 per_bucket: list[dict[int, int]]) -> None:
         """Data-parallel gradient reduction of each bucket as soon as its backward part ends
-        (PyTorch DDP / Megatron overlap_grad_reduce); reduce-scatter under ZeRO >= 1."""
+        (PyTorch DDP / Megatron overlap_grad_reduce); reduce-scatter under ZeRO >= 1. A
+        reduction spans every replica, so it starts when the slowest is ready; folded, one task
+        over the stage's program ranks (one per replica class) stands for the dp groups."""
         per_param = optimizer_bytes_per_param(self.plan.dtype)[1]
         kind = "all_reduce" if self.plan.zero == 0 else "reduce_scatter"
         n = len(per_bucket)
@@ -99,7 +101,8 @@ class GradientSync:
             name = b.name_template(f"s{k}.dp" + ("" if n == 1 else f".b{bucket}"))
             for copies, params in self.grad_groups(phys, c):
                 grad_bytes = params * per_param
-                groups = [((phys,), copies)] if fold else [(g, [g]) for g in copies]
+                groups = ([(self.layout.stage_prog_ranks(phys), copies)] if fold
+                          else [(g, [g]) for g in copies])
                 for prog, cps in groups:
                     ids = self.comm.tasks([(kind, grad_bytes / n)], name=name, arg=-1,
                                           kind=kind_code, stream=stream, prog_ranks=prog,
@@ -151,7 +154,8 @@ class GradientSync:
                 continue
             size = layout.local_params(s) * w_bytes
             groups = layout.dp_groups(s)
-            calls = [((s,), groups)] if layout.fold else [(g, [g]) for g in groups]
+            calls = ([(layout.stage_prog_ranks(s), groups)] if layout.fold
+                     else [(g, [g]) for g in groups])
             for prog, copies in calls:
                 self.comm.tasks([("all_gather", size)], name=name, arg=-1, kind=kind,
                                 stream=stream, prog_ranks=prog, copies=copies,

@@ -9,9 +9,11 @@ what `lower` emits (the energy planner).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from trainsim.errors import PlanError
-from trainsim.hwmodels.cluster import Cluster
+from trainsim.errors import PlanError, TrainsimError
+from trainsim.hwmodels.cluster import Cluster, NodeGroup
+from trainsim.hwmodels.gpus import GpuSpec
 from trainsim.hwmodels.opcost import OpCostModel, RooflineCostModel
 from trainsim.simulator.actions import Action, infer_stage_to_rank
 from trainsim.simulator.schedules import explicit, get_schedule
@@ -27,6 +29,19 @@ MbKey = tuple[int, int]
 
 Unit = tuple[tuple[int, ...], tuple[int, ...]]
 """(program ranks, physical tp group) of one replica unit of a stage."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleGroup:
+    """Replica classes that run the same number of micro-batches, so one schedule: lowering
+    walks each group's schedule over the units of its classes only."""
+
+    count: int
+    """Micro-batches each replica of the group runs."""
+    order: dict[int, list[Action]]
+    """The schedule: physical stage -> its actions in order."""
+    classes: tuple[int, ...]
+    """Indices into `LoweringLayout.classes`."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,7 +107,7 @@ class LoweringLayout:
             else {0: 0}
         self._check_stage_map()
         self.graphs: dict[MbKey, ModelGraph] = {}
-        self._costs: dict[tuple[int, MbKey, float | None], InstructionCosts] = {}
+        self._costs: dict[tuple[int, MbKey, float | None, str], InstructionCosts] = {}
         self._tp_groups: dict[int, list[tuple[int, ...]]] = {}
         self._dp_groups: dict[int, list[tuple[int, ...]]] = {}
         self._ep_groups: dict[int, list[tuple[int, ...]]] = {}
@@ -101,26 +116,138 @@ class LoweringLayout:
         self._boundary: dict[tuple[int, MbKey], float] = {}
         self._largest_layer: dict[int, float] = {}
         self.stage_layers = self._partition()
-        self.fold = options.fold and all(self._uniform_gpu(s) for s in range(plan.pp))
-        # program ranks: folded → one per physical stage; unfolded → one per GPU
+        self.separable = (plan.stage_gpus is None and plan.stage_tp is None
+                          and not any(self.has_op_tp(s) for s in range(plan.pp)))
+        """Whether every stage has the same dp replicas, so replica d (the d-th tp group of each
+        stage) is one pipeline that can run at its own speed and batch share."""
+        self.fold, self.classes, self.class_counts = self._replica_classes()
+        C = len(self.classes)
+        self.class_of_replica = {d: c for c, reps in enumerate(self.classes) for d in reps}
+        # program ranks: folded → one per (physical stage, replica class), stage-major;
+        # unfolded → one per GPU
         if self.fold:
-            self.num_ranks = plan.pp
-            self.represents = [tuple(self.stage_gpu_ranks[s]) for s in range(plan.pp)]
+            self.num_ranks = plan.pp * C
+            self.represents = [tuple(self.stage_gpu_ranks[s]) if C == 1 else
+                               tuple(r for d in self.classes[c] for r in self.replica_ranks(s, d))
+                               for s in range(plan.pp) for c in range(C)]
         else:
             self.num_ranks = cluster.num_gpus
             self.represents = [(r,) for r in range(cluster.num_gpus)]
         self.rank_stage = {r: s for s, ranks in enumerate(self.stage_gpu_ranks) for r in ranks}
+        self.schedule_groups = self._schedule_groups()
+
+    # ------------------------------------------------------------------ replicas
+    def replica_ranks(self, s: int, d: int) -> tuple[int, ...]:
+        """Physical GPUs of data-parallel replica `d` on stage `s` (its tp group; `separable`
+        plans only)."""
+        return self.tp_groups(s)[d]
+
+    def _replica_classes(self) -> tuple[bool, list[tuple[int, ...]], list[int]]:
+        """(fold, replica classes, micro-batches of each class's replicas).
+
+        Folded, a class is the replicas that are truly identical — the same GPU types and node
+        groups (links) on every stage and the same batch share — and each (stage, class) is one
+        program rank; the classes are sorted by that key, so the program does not depend on the
+        order the cluster was written in. Unfolded, a class is the replicas of one micro-batch
+        count (each GPU is its own rank anyway). Plans whose stages have different replicas
+        (stage_gpus, stage_tp, per-op degrees) have one class, folded only when each stage's
+        GPUs are of one type."""
+        plan, opt = self.plan, self.opt
+        m = len(self.micro_batches)
+        if not self.separable:
+            fold = opt.fold and all(self._uniform_gpu(s) for s in range(plan.pp))
+            return fold, [tuple(range(plan.dp_of_stage(0)))], [m]
+        counts = plan.replica_micro_batch_counts()
+        fold = opt.fold and all(len({self.cluster.gpu(r).name for r in self.replica_ranks(s, d)})
+                                == 1 for s in range(plan.pp) for d in range(plan.dp))
+        keys: dict[Any, list[int]] = {}
+        for d in range(plan.dp):
+            key: Any = ((counts[d], tuple(tuple(self._group_key(r) for r in
+                                                self.replica_ranks(s, d))
+                                          for s in range(plan.pp)))
+                        if fold else counts[d])
+            keys.setdefault(key, []).append(d)
+        ordered = sorted(keys) if fold and len(keys) > 1 else list(keys)
+        return fold, [tuple(keys[k]) for k in ordered], [counts[keys[k][0]] for k in ordered]
+
+    def _group_key(self, rank: int) -> tuple[Any, ...]:
+        """What the links and speed of a GPU depend on: its node group's GPU type, node type,
+        GPUs per node and NICs (not where the group is written in the cluster)."""
+        g = self._group_of(rank)
+        return (g.gpu.name, g.node_type.name, g.gpus_per_node, g.nic.name, g.nics_per_node)
+
+    def _group_of(self, rank: int) -> NodeGroup:
+        first = 0
+        for g in self.cluster.node_groups:
+            if rank < first + g.num_gpus:
+                return g
+            first += g.num_gpus
+        raise IndexError(rank)
+
+    def _schedule_groups(self) -> list[ScheduleGroup]:
+        """Classes grouped by micro-batch count (one schedule each), the most first."""
+        by_count: dict[int, list[int]] = {}
+        for c, m in enumerate(self.class_counts):
+            by_count.setdefault(m, []).append(c)
+        return [ScheduleGroup(count=m, order=self.order if m == len(self.micro_batches)
+                              else self._schedule(m), classes=tuple(by_count[m]))
+                for m in sorted(by_count, reverse=True)]
+
+    def group_units(self, s: int, group: ScheduleGroup) -> list[int]:
+        """Indices (into `units(s)`) of the units of stage `s` that `group`'s classes run."""
+        if len(self.classes) == 1:
+            return list(range(len(self.units(s))))
+        if self.fold:
+            return list(group.classes)
+        return sorted(d for c in group.classes for d in self.classes[c])
+
+    def prog_rank(self, s: int, c: int) -> int:
+        """Folded program rank of replica class `c` on physical stage `s`."""
+        return s * len(self.classes) + c
+
+    def stage_prog_ranks(self, s: int) -> tuple[int, ...]:
+        """Folded program ranks of physical stage `s` (one per replica class)."""
+        return tuple(self.prog_rank(s, c) for c in range(len(self.classes)))
+
+    def unit_copies(self, s: int, u: int) -> list[tuple[int, ...]]:
+        """Folded: the tensor-parallel groups unit `u` of stage `s` stands for."""
+        if len(self.classes) == 1:
+            return self.tp_groups(s)
+        return [self.replica_ranks(s, d) for d in self.classes[u]]
 
     # ------------------------------------------------------------------ placement & schedule
+    def _canonical_ranks(self) -> list[int]:
+        """Every GPU rank, node groups taken fastest first (then by their contents, not by
+        where they are written), so an unplaced plan does not depend on the cluster's order."""
+        plan, starts, first = self.plan, [], 0
+        groups = list(self.cluster.node_groups)
+        for g in groups:
+            starts.append(first)
+            first += g.num_gpus
+
+        def key(i: int) -> tuple[Any, ...]:
+            g = groups[i]
+            try:
+                peak = float(g.gpu.peak_flops(plan.dtype))
+            except TrainsimError:
+                peak = 0.0
+            return (-peak, g.gpu.name, g.node_type.name, g.gpus_per_node, g.nic.name,
+                    g.nics_per_node, g.nodes, g.price_per_gpu_hour_usd)
+
+        order = sorted(range(len(groups)), key=key)
+        return [r for i in order for r in range(starts[i], starts[i] + groups[i].num_gpus)]
+
     def _place_stages(self) -> list[list[int]]:
         """Physical ranks of each pipeline stage, laid out [dp replica][tp index] (Megatron:
-        tp innermost, then dp, then pp), filling node groups in order or as `placement` says."""
+        tp innermost, then dp, then pp), filling node groups fastest first (`_canonical_ranks`)
+        or as `placement` says."""
         plan, cluster = self.plan, self.cluster
         if plan.placement is None:
+            ranks = self._canonical_ranks()
             out, first = [], 0
             for s in range(plan.pp):
                 n = plan.gpus_of_stage(s)
-                out.append(list(range(first, first + n)))
+                out.append(ranks[first:first + n])
                 first += n
             return out
         starts, offset = [], 0
@@ -136,9 +263,9 @@ class LoweringLayout:
             used[g] += n
         return out
 
-    def _schedule(self) -> dict[int, list[Action]]:
+    def _schedule(self, m: int | None = None) -> dict[int, list[Action]]:
         plan = self.plan
-        m = len(self.micro_batches)
+        m = len(self.micro_batches) if m is None else m
         if plan.schedule == "explicit":
             order = explicit({r: list(a) for r, a in enumerate(plan.order or ())},
                              num_micro_batches=m)
@@ -198,20 +325,24 @@ class LoweringLayout:
             return self.graphs[mb_key]
         return self.graph(MicroBatch(batch_size=b, seq_len=mb_key[1]))
 
-    def costs(self, vstage: int, mb_key: MbKey, freq: float | None) -> InstructionCosts:
+    def costs(self, vstage: int, mb_key: MbKey, freq: float | None,
+              gpu: GpuSpec | None = None) -> InstructionCosts:
         """What virtual stage `vstage`'s instructions cost for micro-batch shape `mb_key` at
-        SM clock `freq` (None: the GPU's maximum); cached."""
-        key = (vstage, mb_key, freq)
+        SM clock `freq` (None: the GPU's maximum) on `gpu` (None: the stage's first GPU; the
+        sizes, parameters and collectives do not depend on it, only times and power); cached."""
+        if gpu is None:
+            gpu = self.cluster.gpu(self.stage_gpu_ranks[self.phys_stage(vstage)][0])
+        key = (vstage, mb_key, freq, gpu.name)
         found = self._costs.get(key)
         if found is None:
-            found = self._costs[key] = self._stage_costs(vstage, mb_key, freq)
+            found = self._costs[key] = self._stage_costs(vstage, mb_key, freq, gpu)
         return found
 
-    def _stage_costs(self, vstage: int, mb_key: MbKey, freq: float | None) -> InstructionCosts:
+    def _stage_costs(self, vstage: int, mb_key: MbKey, freq: float | None,
+                     gpu: GpuSpec) -> InstructionCosts:
         s = self.phys_stage(vstage)
         graph = self.stage_graph(s, mb_key)
         layers = [graph.layers[i] for i in self.stage_layers[vstage]]
-        gpu = self.cluster.gpu(self.stage_gpu_ranks[s][0])
         degrees = None
         if self.has_op_tp(s):  # per-op degrees (Aceso): costed by workloads/op_parallel.py
             idx = self.stage_layers[vstage]
@@ -270,7 +401,9 @@ class LoweringLayout:
         found = self._units.get(s)
         if found is None:
             if self.fold:
-                found = [((s,), self.tp_groups(s)[0])]
+                found = [((self.prog_rank(s, c),), self.tp_groups(s)[reps[0]]
+                          if self.separable else self.tp_groups(s)[0])
+                         for c, reps in enumerate(self.classes)]
             elif self.has_op_tp(s):
                 ranks = tuple(self.stage_gpu_ranks[s])
                 found = [(ranks, ranks)]
@@ -295,7 +428,7 @@ class LoweringLayout:
     def phys_stage_of_prog(self, p: int) -> int:
         """Physical stage program rank `p` belongs to."""
         if self.fold:
-            return p
+            return p // len(self.classes)
         return self.rank_stage[p]
 
     def local_params(self, phys_stage: int) -> float:

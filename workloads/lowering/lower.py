@@ -19,13 +19,22 @@ instructions and forms groups (no tasks); `comm.py` turns collectives into tasks
 (`CommLowering`); `gradient_sync.py` emits the data-parallel and ZeRO traffic and the optimizer
 step (`GradientSync`); this module walks the schedule and emits each instruction's tasks.
 
-**Folding.** Members of one tensor-parallel group and data-parallel replicas behave identically,
-so by default each pipeline stage is one program rank standing for its dp×tp GPUs. A folded
-collective keeps its real links; where N folded copies would cross one link at once (the tp
-groups' data-parallel all-reduces through one NIC), it crosses that link as ``<id>/N`` with
-1/N of its bandwidth, so alone it takes exactly as long as the N concurrent copies would.
-`LoweringOptions(fold=False)` lowers every GPU as its own rank (stages whose GPUs are of mixed
-types are never folded).
+**Folding.** Members of one tensor-parallel group and identical data-parallel replicas behave
+identically, so by default each (pipeline stage, replica class) is one program rank standing for
+its GPUs: a class is the replicas with the same GPU types and node groups on every stage and the
+same batch share (`dp_batch_split`), so on a homogeneous cluster each stage is one rank, and on
+a mixed one each replica runs at its own GPUs' speed while the gradient reduction — one task
+over the stage's ranks — starts when the slowest is ready. A folded collective keeps its real
+links; where N folded copies would cross one link at once (the tp groups' data-parallel
+all-reduces through one NIC), it crosses that link as ``<id>/N`` with 1/N of its bandwidth, so
+alone it takes exactly as long as the N concurrent copies would. `LoweringOptions(fold=False)`
+lowers every GPU as its own rank (so do plans whose tensor-parallel groups mix GPU types, or
+whose stages have different replicas and mix GPU types inside a stage).
+
+**Replicas.** Each replica runs `dp_batch_split[d] / micro_batch_size` micro-batches; replicas
+of one count share a schedule (`ScheduleGroup`), and lowering walks each group's schedule over
+its own units. Unplaced stages fill node groups fastest first, so the program does not depend on
+the order the cluster was written in.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from trainsim.workloads.lowering.comm import (
     kind_of,
 )
 from trainsim.workloads.lowering.gradient_sync import GradientSync
-from trainsim.workloads.lowering.layout import LoweringLayout, MbKey, Unit
+from trainsim.workloads.lowering.layout import LoweringLayout, MbKey, ScheduleGroup, Unit
 from trainsim.workloads.lowering.options import LoweringOptions
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.op_work import InstructionCosts, Work
@@ -66,8 +75,10 @@ class _Part:
     names: list[int]
     """Per gradient bucket (the compute splits into buckets when the dp sync overlaps it)."""
     kind: int
-    time_s: float
-    power_w: float
+    times: list[list[float]]
+    """Per unit, each program rank's task duration (its own GPU type's)."""
+    powers: list[list[float]]
+    """Per unit, each program rank's power during the task."""
     alloc: float
     tp: list[PlannedComm | None]
     op_needs: tuple[CommNeed, ...] | None = None
@@ -93,6 +104,8 @@ class _Block:
     """Everything one kind of instruction emits but ids, deps and names' micro-batch."""
 
     units: list[Unit]
+    unit_ids: list[int]
+    """Index of each of `units` in the stage's `layout.units` (the keys of done/held/recv)."""
     freqs: list[list[float]]
     """Per unit, the SM clock of each program rank's compute task."""
     first_layer: int
@@ -114,8 +127,9 @@ def lower(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
     return _Lowering(model, cluster, plan, options or LoweringOptions()).build()
 
 
-_BlockKey = tuple[int, str, MbKey, float | None, int, str]
-"""(stage, action kind, micro-batch shape, clock, gradient buckets, final backward kind)."""
+_BlockKey = tuple[int, str, MbKey, float | None, int, str, int]
+"""(stage, action kind, micro-batch shape, clock, gradient buckets, final backward kind,
+schedule group)."""
 
 _RecvKey = tuple[int, str, int, int]
 """(stage, direction or action kind, micro-batch, unit) of a transfer or a finished pass."""
@@ -140,6 +154,7 @@ class _Lowering:
         self.sync = GradientSync(layout, self.comm, self.b, self.compute_stream)
         self.last_compute: dict[int, int] = {}  # program rank -> its last compute task
         self._blocks: dict[_BlockKey, _Block] = {}
+        self.cluster = cluster
         self.max_clock_mhz = [cluster.gpu(layout.represents[p][0]).sm_clock_max_mhz
                               for p in range(layout.num_ranks)]
         self.done: dict[_RecvKey, list[int]] = {}
@@ -154,27 +169,35 @@ class _Lowering:
         optimizer step. Transfers are created by their sender, so a receiver's dependency on one
         may not exist yet when the receiver's task is made; such deps are patched at the end."""
         plan, layout, sync = self.plan, self.layout, self.sync
-        final_kind: dict[int, str] = {}  # vstage -> "W" when its backward is split, else "B"
-        last_bwd: dict[int, tuple[str, int]] = {}
-        for acts in layout.order.values():
-            for a in acts:
-                if a.kind in ("B", "W"):
-                    last_bwd[a.stage] = (a.kind, a.micro_batch)
-                    final_kind[a.stage] = a.kind
-        for phys in sorted(layout.order):
-            for a in layout.order[phys]:
-                mb = layout.micro_batches[a.micro_batch]
-                layout.graph(mb)
-                c = layout.costs(a.stage, (mb.batch_size, mb.seq_len), layout.freq(a.stage, a))
-                sync_now = (last_bwd.get(a.stage) == (a.kind, a.micro_batch)
-                            and self.opt.communication
-                            and (bool(sync.grad_groups(phys, c))
-                                 if c.params_by_tp else plan.dp_of_stage(phys) > 1))
-                per_bucket: list[dict[int, int]] = [{} for _ in
-                                                     range(sync.buckets(c) if sync_now else 1)]
-                self._instruction(a, phys, c, final_kind.get(a.stage, "B"), per_bucket)
-                if sync_now:
-                    sync.dp_sync(a.stage, phys, c, per_bucket)
+        groups = layout.schedule_groups
+        # vstage -> the gradient buckets' last compute task per program rank, over every group:
+        # the reduction is emitted with the last group's final backward and waits for them all
+        synced: dict[int, list[dict[int, int]]] = {}
+        for gi, group in enumerate(groups):
+            final_kind: dict[int, str] = {}  # vstage -> "W" when its backward is split, else "B"
+            last_bwd: dict[int, tuple[str, int]] = {}
+            for acts in group.order.values():
+                for a in acts:
+                    if a.kind in ("B", "W"):
+                        last_bwd[a.stage] = (a.kind, a.micro_batch)
+                        final_kind[a.stage] = a.kind
+            for phys in sorted(group.order):
+                for a in group.order[phys]:
+                    mb = layout.micro_batches[a.micro_batch]
+                    layout.graph(mb)
+                    c = layout.costs(a.stage, (mb.batch_size, mb.seq_len),
+                                     layout.freq(a.stage, a))
+                    sync_now = (last_bwd.get(a.stage) == (a.kind, a.micro_batch)
+                                and self.opt.communication
+                                and (bool(sync.grad_groups(phys, c))
+                                     if c.params_by_tp else plan.dp_of_stage(phys) > 1))
+                    per_bucket: list[dict[int, int]] = (
+                        synced.setdefault(a.stage, [{} for _ in range(sync.buckets(c))])
+                        if sync_now else [{}])
+                    self._instruction(a, phys, c, final_kind.get(a.stage, "B"), per_bucket,
+                                      gi, group)
+                    if sync_now and gi == len(groups) - 1:
+                        sync.dp_sync(a.stage, phys, c, per_bucket)
         add_dep = self.b.add_dep
         for tid, key in self.patch:
             for dep in self.recv.get(key, ()):
@@ -184,7 +207,7 @@ class _Lowering:
         return self._program()
 
     def _instruction(self, a: Action, phys: int, c: InstructionCosts, final_kind: str,
-                     per_bucket: list[dict[int, int]]) -> None:
+                     per_bucket: list[dict[int, int]], gi: int, group: ScheduleGroup) -> None:
         """Tasks of one pipeline instruction on every replica unit of its stage: ZeRO-3
         parameter gather, recompute (with its collectives), the compute (split into gradient
         buckets when the data-parallel sync overlaps it), its tensor- and expert-parallel
@@ -192,16 +215,17 @@ class _Lowering:
 
         Every instruction of one kind (stage, pass, micro-batch shape, clock, buckets) emits
         the same block of tasks but for ids, deps and names, so the block (`_Block`: codes,
-        times, planned collectives) is worked out once and stamped out here."""
+        times, planned collectives) is worked out once and stamped out here. Only the units
+        of schedule group `group` (index `gi`) run it."""
         k, j = a.stage, a.micro_batch
         n = len(per_bucket)
         layout = self.layout
         freq = layout.freq(k, a)
         mb_key = layout.mb_key(j)
-        blk = self._blocks.get((k, a.kind, mb_key, freq, n, final_kind))
+        bkey = (k, a.kind, mb_key, freq, n, final_kind, gi)
+        blk = self._blocks.get(bkey)
         if blk is None:
-            blk = self._blocks[(k, a.kind, mb_key, freq, n, final_kind)] = self._block(
-                a, phys, c, final_kind, n, freq)
+            blk = self._blocks[bkey] = self._block(a, phys, c, final_kind, n, freq, group)
         meta = (j, k, blk.first_layer, blk.last_layer)
         add, emit = self.b.add, self.comm.emit_planned
         waits: list[tuple[int, str, int]] = []
@@ -209,8 +233,8 @@ class _Lowering:
             waits.append((k, "F", j))
         if a.kind in ("B", "I") and k < self.plan.num_stages - 1:
             waits.append((k, "B", j))
-        nu = len(blk.units)
-        last: dict[int, list[int]] = {u: [] for u in range(nu)}
+        uids = blk.unit_ids
+        last: dict[int, list[int]] = {u: [] for u in uids}
         if a.kind != "F":
             done = self.done
             for u in last:
@@ -223,23 +247,24 @@ class _Lowering:
         patch = self.patch
         if blk.recompute is not None:
             r = blk.recompute
-            for u in range(nu):
+            for i, u in enumerate(uids):
                 deps = tuple(last[u])
-                rids = [add(r.name, j, r.kind, self.compute_stream, (p,), r.time_s, 0.0, (),
-                            deps, r.alloc, 0.0, r.power_w, f, j, k, meta[2], meta[3])
-                        for p, f in zip(blk.units[u][0], blk.freqs[u])]
-                self._note_compute(blk.units[u][0], rids)
+                rids = [add(r.name, j, r.kind, self.compute_stream, (p,), t, 0.0, (),
+                            deps, r.alloc, 0.0, pw, f, j, k, meta[2], meta[3])
+                        for p, f, t, pw in zip(blk.units[i][0], blk.freqs[i], r.times[i],
+                                               r.powers[i])]
+                self._note_compute(blk.units[i][0], rids)
                 patch.extend((rid, (*key, u)) for rid in rids for key in waits)
                 if r.op_needs is not None:
-                    last[u] = self._op_tp_tasks(r, phys, blk.units[u][0], rids, j, meta)
+                    last[u] = self._op_tp_tasks(r, phys, blk.units[i][0], rids, j, meta)
                 else:
-                    tp = r.tp[u]
+                    tp = r.tp[i]
                     last[u] = (emit(tp, rids, j, meta)[-1:] or rids) if tp is not None else rids
             waits = []
             last = self._ep_tasks(c.recompute_ep_comm, phys, f"s{k}.R%d", j, last, meta)
         m = blk.main
-        for u in range(nu):
-            prog = blk.units[u][0]
+        for i, u in enumerate(uids):
+            prog = blk.units[i][0]
             if a.kind == "F":
                 self.held[(k, j, u)] = m.alloc
             free = self.held.get((k, j, u), 0.0) + blk.extra_free if blk.final else 0.0
@@ -250,9 +275,9 @@ class _Lowering:
                 deps = tuple(ids)
                 alloc = m.alloc if bucket == 0 else 0.0
                 fr = free if bucket == n - 1 else 0.0
-                ids = [add(m.names[bucket], j, m.kind, self.compute_stream, (p,), m.time_s, 0.0,
-                           (), deps, alloc, fr, m.power_w, f, j, k, meta[2], meta[3])
-                       for p, f in zip(prog, blk.freqs[u])]
+                ids = [add(m.names[bucket], j, m.kind, self.compute_stream, (p,), t, 0.0,
+                           (), deps, alloc, fr, pw, f, j, k, meta[2], meta[3])
+                       for p, f, t, pw in zip(prog, blk.freqs[i], m.times[i], m.powers[i])]
                 if bucket == 0 and waits:
                     patch.extend((tid, (*key, u)) for tid in ids for key in waits)
                 for p, tid in zip(prog, ids):
@@ -262,14 +287,14 @@ class _Lowering:
             if m.op_needs is not None:
                 last[u] = self._op_tp_tasks(m, phys, prog, ids, j, meta)
             else:
-                tp = m.tp[u]
+                tp = m.tp[i]
                 last[u] = (emit(tp, ids, j, meta)[-1:] or ids) if tp is not None else ids
         if blk.ep_needs:
             last = self._ep_tasks(blk.ep_needs, phys, f"s{k}.{a.kind}%d", j, last, meta)
         done = self.done
         recv = self.recv
         send = blk.send
-        for u in range(nu):
+        for i, u in enumerate(uids):
             after = last[u]
             done[(k, a.kind, j, u)] = after
             if send is None:
@@ -277,7 +302,7 @@ class _Lowering:
             if send.local:
                 recv.setdefault((send.dst, send.direction, j, u), []).extend(after)
                 continue
-            for tp, dst_unit in send.per_unit[u]:
+            for tp, dst_unit in send.per_unit[i]:
                 ids = emit(tp, after, j, meta)
                 recv.setdefault((send.dst, send.direction, j, dst_unit), []).extend(
                     ids[-1:] or after)
@@ -288,50 +313,61 @@ class _Lowering:
             self.last_compute[p] = tid
 
     def _block(self, a: Action, phys: int, c: InstructionCosts, final_kind: str, n: int,
-               freq: float | None) -> _Block:
+               freq: float | None, group: ScheduleGroup) -> _Block:
         """Work out what every instruction like `a` emits (see `_instruction`)."""
         k, b, layout = a.stage, self.b, self.layout
-        units = layout.units(phys)
+        unit_ids = layout.group_units(phys, group)
+        units = [layout.units(phys)[u] for u in unit_ids]
         freqs = [[freq or self.max_clock_mhz[p] for p in prog] for prog, _ in units]
         op_tp = layout.has_op_tp(phys)
+        # each program rank runs at its own GPU type's speed (a mixed cluster's replicas differ)
+        mb_key = layout.mb_key(a.micro_batch)
+        rank_costs = [[layout.costs(k, mb_key, freq, self.cluster.gpu(layout.represents[p][0]))
+                       for p in prog] for prog, _ in units]
         recompute = None
         if a.kind in ("B", "I") and c.recompute.time_s > 0:
             rname = f"s{k}.R%d"
             recompute = _Part(name=b.name_template(rname), names=[], kind=b.kind("recompute"),
-                              time_s=c.recompute.time_s, power_w=c.recompute.power_w,
+                              times=[[x.recompute.time_s for x in row] for row in rank_costs],
+                              powers=[[x.recompute.power_w for x in row] for row in rank_costs],
                               alloc=c.recompute_activation_bytes,
-                              tp=[self._tp_plan(c.recompute_comm, phys, prog, group, rname)
-                                  for prog, group in units] if not op_tp else [],
+                              tp=[self._tp_plan(c.recompute_comm, phys, prog, grp, rname, u)
+                                  for u, (prog, grp) in zip(unit_ids, units)]
+                              if not op_tp else [],
                               op_needs=c.recompute_comm if op_tp else None,
                               tp_name=b.name_template("tp." + rname))
-        work = {"F": c.forward, "B": c.backward, "I": c.backward_input,
-                "W": c.backward_weight}[a.kind]
+        attr = {"F": "forward", "B": "backward", "I": "backward_input",
+                "W": "backward_weight"}[a.kind]
         name = f"s{k}.{a.kind}%d"
         names = [name] if n == 1 else [f"{name}.b{bucket}" for bucket in range(n)]
-        part = Work(time_s=work.time_s / n, energy_j=work.energy_j / n)
+        parts = [[Work(time_s=w.time_s / n, energy_j=w.energy_j / n)
+                  for w in (getattr(x, attr) for x in row)] for row in rank_costs]
         needs = {"F": c.fwd_comm, "B": c.bwd_comm, "I": c.bwd_comm, "W": ()}[a.kind]
         main = _Part(name=b.name_template(names[0]), names=[b.name_template(x) for x in names],
-                     kind=b.kind(KIND_OF_ACTION[a.kind]), time_s=part.time_s,
-                     power_w=part.power_w,
+                     kind=b.kind(KIND_OF_ACTION[a.kind]),
+                     times=[[w.time_s for w in row] for row in parts],
+                     powers=[[w.power_w for w in row] for row in parts],
                      alloc=c.kept_activation_bytes if a.kind == "F" else 0.0,
-                     tp=[self._tp_plan(needs, phys, prog, group, name) for prog, group in units]
+                     tp=[self._tp_plan(needs, phys, prog, grp, name, u)
+                         for u, (prog, grp) in zip(unit_ids, units)]
                      if not op_tp else [],
                      op_needs=needs if op_tp else None, tp_name=b.name_template("tp." + name))
         ep_needs = {"F": c.fwd_ep_comm, "B": c.bwd_ep_comm, "I": c.bwd_ep_comm,
                     "W": ()}[a.kind]
         layers = layout.stage_layers[k]
-        return _Block(units=units, freqs=freqs, first_layer=layers[0], last_layer=layers[-1],
-                      recompute=recompute, main=main, final=a.kind == final_kind,
-                      extra_free=c.recompute_activation_bytes,
+        return _Block(units=units, unit_ids=unit_ids, freqs=freqs, first_layer=layers[0],
+                      last_layer=layers[-1], recompute=recompute, main=main,
+                      final=a.kind == final_kind, extra_free=c.recompute_activation_bytes,
                       ep_needs=ep_needs if self.plan.ep >= 2 else (),
-                      send=self._send_plan(a))
+                      send=self._send_plan(a, unit_ids))
 
     def _tp_plan(self, needs: tuple[CommNeed, ...], s: int, prog: tuple[int, ...],
-                 group: tuple[int, ...], name: str) -> PlannedComm | None:
+                 group: tuple[int, ...], name: str, unit: int) -> PlannedComm | None:
         """The tensor-parallel collectives of one instruction on one unit, right after its
         compute (Megatron runs them synchronously between GEMMs, so their sum after the
         compute takes the same total time); None when there are none. `name` is the
-        instruction's name template ("s3.F%d")."""
+        instruction's name template ("s3.F%d"); `unit` the unit's index in the stage's units
+        (folded, it stands for its replica class's tp groups)."""
         if not needs or len(group) < 2 or not self.opt.communication \
                 or not self.opt.tp_communication:
             return None
@@ -340,7 +376,8 @@ class _Lowering:
         copies: list[tuple[int, ...]]
         key: Hashable
         if self.fold:
-            copies, key = self.layout.tp_groups(s), ("tp", s)
+            copies = self.layout.unit_copies(s, unit)
+            key = ("tp", s) if len(self.layout.classes) == 1 else ("tp", s, unit)
         else:
             copies, key = [group], ("tp1", group)
         return PlannedComm(template=self.comm.template(pairs, copies, key),
@@ -395,9 +432,10 @@ class _Lowering:
                         tail[r] = out[-1:]
         return sorted({d for r in prog for d in tail[r]})
 
-    def _send_plan(self, a: Action) -> _Send | None:
+    def _send_plan(self, a: Action, unit_ids: list[int]) -> _Send | None:
         """Point-to-point transfer of activations (after F) or gradients (after B/I) to the
-        neighbouring stage, per sending unit: the transfers and the receiving unit of each."""
+        neighbouring stage, per sending unit of `unit_ids` (the stage's units that run `a`): the
+        transfers and the receiving unit of each."""
         k, j = a.stage, a.micro_batch
         layout = self.layout
         if a.kind == "F" and k < self.plan.num_stages - 1:
@@ -414,13 +452,24 @@ class _Lowering:
         stream, kind = b.stream(f"pp{src_s}>{dst_s}"), b.kind("p2p")
         label = b.name_template(f"s{k}>{dst}.{direction}%d")
         need = [("p2p", size)]
-        if self.fold:
+        if self.fold and len(layout.classes) == 1:
             comm = PlannedComm(template=self.comm.template(need, pairs, ("pp", src_s, dst_s)),
                          name=label, kind=kind, stream=stream, prog_ranks=(src_s, dst_s))
             return _Send(dst=dst, direction=direction, local=False, per_unit=[[(comm, 0)]])
+        if self.fold:  # each replica class sends to its own program rank on the next stage
+            out = []
+            for c in unit_ids:
+                mine = {r for d in layout.classes[c] for r in layout.replica_ranks(src_s, d)}
+                cpairs = [(x, y) for x, y in pairs if x in mine]
+                comm = PlannedComm(
+                    template=self.comm.template(need, cpairs, ("pp", src_s, dst_s, c)),
+                    name=label, kind=kind, stream=stream,
+                    prog_ranks=(layout.prog_rank(src_s, c), layout.prog_rank(dst_s, c)))
+                out.append([(comm, c)])
+            return _Send(dst=dst, direction=direction, local=False, per_unit=out)
         dst_unit = layout.unit_of(dst_s)
         per_unit = []
-        for prog, _group in layout.units(src_s):
+        for prog, _group in (layout.units(src_s)[u] for u in unit_ids):
             unit = set(prog)
             per_unit.append([
                 (PlannedComm(template=self.comm.template(need, [(src_r, dst_r)]), name=label,
@@ -458,10 +507,17 @@ class _Lowering:
             idle.append(float(cluster.idle_power_w(layout.represents[p][0])))
             gpu_names.append(gpu.name)
             peaks.append(float(gpu.peak_flops(plan.dtype)))
-        model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
-                          for mb in layout.micro_batches) * plan.dp
-        tokens: int | None = sum(mb.batch_size * mb.seq_len
-                                 for mb in layout.micro_batches) * plan.dp
+        mbs = layout.micro_batches
+        if plan.dp_batch_split is None:
+            model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
+                              for mb in mbs) * plan.dp
+            tokens: int | None = sum(mb.batch_size * mb.seq_len for mb in mbs) * plan.dp
+        else:  # replica d runs the first counts[d] micro-batches
+            counts = plan.replica_micro_batch_counts()
+            model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
+                              * sum(1 for m in counts if m > j) for j, mb in enumerate(mbs))
+            tokens = sum(mb.batch_size * mb.seq_len * sum(1 for m in counts if m > j)
+                         for j, mb in enumerate(mbs))
         if layout.model.family == "wresnet":
             tokens = plan.global_batch
         info = ProgramInfo(

@@ -12,7 +12,8 @@ class LoweringOptions:
     """Switches for what-if analyses and tests; the defaults model a real run."""
 
     fold: bool = True
-    """Fold identical ranks (tp members, dp replicas) into one program rank per stage. Exact on
+    """Fold identical ranks (tp members, dp replicas of one GPU type and batch share) into one
+    program rank per stage and replica class. Exact on
     one homogeneous node; across nodes, different folded collectives meeting on one NIC share
     it per task rather than per copy (lowering/comm.py), a small approximation."""
     communication: bool = True
