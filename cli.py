@@ -13,6 +13,7 @@ import sys
 
 import typer
 
+from trainsim.commands.calibrate import app as calibrate_app
 from trainsim.commands.energy import app as energy_app
 from trainsim.commands.hw import app as hw_app
 from trainsim.commands.models import app as models_app
@@ -36,6 +37,7 @@ app.add_typer(models_app, name="models")
 app.command("simulate")(simulate_command)
 app.add_typer(energy_app, name="energy")
 app.command("search")(search_command)
+app.add_typer(calibrate_app, name="calibrate")
 register_validation(app)
 
 

@@ -9,8 +9,12 @@ curves as Calculon uses them. The efficiency curves (data/efficiency.json) are i
 op's *ideal* duration -- FLOPs / peak, or bytes / bandwidth, in microseconds -- so one shape
 serves fast and slow GPUs alike: a GEMM that would take 10 µs at peak underfills the machine on
 any GPU. Following Perseus (SOSP'24 §4), only the compute part scales with the SM clock; the
-memory part does not. Power comes from hwmodels/power.py at that clock, with the op's SM-bound
-fraction as utilisation, and idle power during the launch overhead.
+memory part does not. How much of a GEMM's time is clock-bound, and which clock a GPU sustains
+near its top clock, come from hwmodels/clock_scaling.py (fitted to Perseus' per-frequency
+stage profiles): compute time at clock f is the f_max time times `ClockScaling.gemm_factor`
+(GEMM classes) or `ClockScaling.slowdown` (element-wise). Power comes from hwmodels/power.py at
+that clock, with the op's SM-bound fraction as utilisation, and idle power during the launch
+overhead.
 
 `estimate` runs millions of times inside searches, so curves are pre-built per GPU into numpy
 arrays of log10(x) and looked up with `numpy.interp`; nothing is parsed per call.
@@ -28,6 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from trainsim.errors import DataFileError, unknown_name
+from trainsim.hwmodels.clock_scaling import ClockScaling, clock_scaling
 from trainsim.hwmodels.datafiles import check_keys, load_json
 from trainsim.hwmodels.gpus import GpuSpec
 from trainsim.hwmodels.power import PowerModel, power_model
@@ -156,16 +161,29 @@ def _curves_for(gpu_name: str) -> tuple[dict[str, _Curve], _Curve, float]:
 class RooflineCostModel:
     """Roofline × efficiency curves + launch overhead, with DVFS and power (module docstring)."""
 
-    def __init__(self) -> None:
-        """Load the efficiency data (shared, cached) and prepare per-GPU lookups lazily."""
-        self._kind_class, self._class_peak, _, _ = _efficiency_data()
-        self._per_gpu: dict[str, tuple[dict[str, _Curve], _Curve, float, PowerModel]] = {}
+    def __init__(self, clock_scalings: dict[str, ClockScaling] | None = None,
+                 power_models: dict[str, PowerModel] | None = None) -> None:
+        """Load the efficiency data (shared, cached) and prepare per-GPU lookups lazily.
 
-    def _gpu(self, gpu: GpuSpec) -> tuple[dict[str, _Curve], _Curve, float, PowerModel]:
+        Args:
+            clock_scalings: DVFS time coefficients per GPU name that replace the catalog's
+                (data/clock_scaling.json), e.g. from a calibration file or a fit in progress.
+            power_models: power models per GPU name that replace the catalog's (power.json).
+        """
+        self._kind_class, self._class_peak, _, _ = _efficiency_data()
+        self._clock_overrides = dict(clock_scalings or {})
+        self._power_overrides = dict(power_models or {})
+        self._per_gpu: dict[str, tuple[dict[str, _Curve], _Curve, float, PowerModel,
+                                       ClockScaling]] = {}
+
+    def _gpu(self, gpu: GpuSpec) -> tuple[dict[str, _Curve], _Curve, float, PowerModel,
+                                          ClockScaling]:
         entry = self._per_gpu.get(gpu.name)
         if entry is None:
             compute, memory, overhead = _curves_for(gpu.name)
-            entry = (compute, memory, overhead, power_model(gpu))
+            scaling = self._clock_overrides.get(gpu.name) or clock_scaling(gpu.name)
+            power = self._power_overrides.get(gpu.name) or power_model(gpu)
+            entry = (compute, memory, overhead, power, scaling)
             self._per_gpu[gpu.name] = entry
         return entry
 
@@ -189,26 +207,34 @@ class RooflineCostModel:
         """Predict one op (see module docstring). `shape` is accepted for interface
         compatibility; the curves are indexed by size, not shape."""
         cls = self.op_class(kind)
-        compute_curves, memory_curve, overhead_s, pm = self._gpu(gpu)
+        compute_curves, memory_curve, overhead_s, pm, scaling = self._gpu(gpu)
         f_max = gpu.sm_clock_max_mhz
         f = f_max if freq_mhz is None else freq_mhz
         if f <= 0:
             raise ValueError(f"freq_mhz={f} must be > 0")
-        if self._class_peak[cls] == "tensor":
-            peak = gpu.peak_flops(dtype, f_max)
-        else:
-            peak = gpu.peak_flops("fp32", f_max)
+        tensor = self._class_peak[cls] == "tensor"
+        peak = gpu.peak_flops(dtype if tensor else "fp32", f_max)
         compute_s = 0.0
+        sm_bound_s = 0.0
         if flops > 0:
             ideal = flops / peak
-            compute_s = ideal / compute_curves[cls](ideal * _US) * (f_max / f)
+            at_max = ideal / compute_curves[cls](ideal * _US)
+            if tensor:
+                # the clock-bound share c of a GEMM draws SM power; the rest waits on memory
+                compute_s = at_max * scaling.gemm_factor(f, f_max)
+                sm_bound_s = (at_max * scaling.slowdown(f, f_max)
+                              if scaling.gemm_clock_bound_fraction == 1.0 else
+                              at_max * scaling.gemm_clock_bound_fraction
+                              * scaling.slowdown(f, f_max))
+            else:
+                compute_s = sm_bound_s = at_max * scaling.slowdown(f, f_max)
         memory_s = 0.0
         if bytes_moved > 0:
             ideal = bytes_moved / gpu.memory_bandwidth_bytes_per_s
             memory_s = ideal / memory_curve(ideal * _US)
         busy_s = max(compute_s, memory_s)
         time_s = busy_s + overhead_s
-        utilisation = compute_s / busy_s if busy_s > 0 else 0.0
+        utilisation = min(1.0, sm_bound_s / busy_s) if busy_s > 0 else 0.0
         busy_power = pm.power_w(f, utilisation)
         power = (busy_power * busy_s + pm.idle_power_w * overhead_s) / time_s
         return OpEstimate(

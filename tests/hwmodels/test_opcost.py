@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainsim.errors import UnknownNameError
+from trainsim.hwmodels.clock_scaling import ClockScaling, clock_scaling
 from trainsim.hwmodels.gpus import get_gpu, list_gpus
 from trainsim.hwmodels.opcost import OpCostModel, OpEstimate, RooflineCostModel
 
@@ -52,20 +53,50 @@ def test_elementwise_is_memory_bound() -> None:
 
 
 def test_halving_frequency_doubles_compute_not_memory() -> None:
-    """DVFS: at half the max clock the compute part doubles, the memory part is unchanged."""
-    gpu = get_gpu("A100-SXM4-40GB")
+    """DVFS on a GPU with the default coefficients (plain f_max/f rule, no knee): at half the
+    max clock the compute part doubles, the memory part is unchanged."""
+    gpu = get_gpu("V100-SXM2-32GB")
     full = MODEL.estimate("matmul", 1e12, 1e9, gpu)
     half = MODEL.estimate("matmul", 1e12, 1e9, gpu, freq_mhz=gpu.sm_clock_max_mhz / 2)
     assert half.compute_s == pytest.approx(2 * full.compute_s)
     assert half.memory_s == pytest.approx(full.memory_s)
     mem_full = MODEL.estimate("dropout", 1e6, 1e9, gpu)
-    mem_half = MODEL.estimate("dropout", 1e6, 1e9, gpu, freq_mhz=705)
+    mem_half = MODEL.estimate("dropout", 1e6, 1e9, gpu, freq_mhz=765)
     assert mem_half.time_s == pytest.approx(mem_full.time_s)  # still memory-bound
+
+
+def test_clock_scaling_knee_and_memory_share() -> None:
+    """A100 (fitted knee near 1360 MHz): clocks above the sustained one buy little, clocks well
+    below it scale like 1/f. A40 (fitted c < 1): a GEMM slows by only c·s(f) + 1 − c."""
+    a100 = get_gpu("A100-SXM4-40GB")
+    full = MODEL.estimate("matmul", 1e12, 1e8, a100)
+    near_top = MODEL.estimate("matmul", 1e12, 1e8, a100, freq_mhz=1380)
+    low = MODEL.estimate("matmul", 1e12, 1e8, a100, freq_mhz=705)
+    assert near_top.compute_s / full.compute_s < 1.01  # 2.1 % lower clock, < 1 % slower
+    assert low.compute_s / full.compute_s == pytest.approx(1360.4 / 705, rel=0.01)
+    a40 = get_gpu("A40")
+    c = clock_scaling("A40").gemm_clock_bound_fraction
+    assert c < 0.6
+    f0 = MODEL.estimate("matmul", 1e12, 1e8, a40)
+    f1 = MODEL.estimate("matmul", 1e12, 1e8, a40, freq_mhz=870)
+    s = clock_scaling("A40").slowdown(870, a40.sm_clock_max_mhz)
+    assert f1.compute_s / f0.compute_s == pytest.approx(c * s + 1 - c)
+
+
+def test_top_clock_does_not_depend_on_clock_coefficients() -> None:
+    """Every factor is exactly 1 at f_max: predictions at the top clock are the same whatever
+    the DVFS coefficients (so non-DVFS runs keep their calibration)."""
+    gpu = get_gpu("A40")
+    other = RooflineCostModel({"A40": ClockScaling(gemm_clock_bound_fraction=0.1,
+                                                   sustained_clock_mhz=900.0)})
+    assert other.estimate("matmul", 1e12, 1e8, gpu).time_s == \
+        MODEL.estimate("matmul", 1e12, 1e8, gpu).time_s
 
 
 @pytest.mark.parametrize("name", list_gpus())
 def test_big_gemm_power_near_tdp(name: str) -> None:
-    """A long compute-bound GEMM at the max clock draws ≈ TDP (overhead at idle is negligible)."""
+    """A long compute-bound GEMM at the max clock draws ≈ TDP (overhead at idle is negligible):
+    on GA102 (A10, A40), where most of its time waits on memory, the board limit still binds."""
     gpu = get_gpu(name)
     est = MODEL.estimate("matmul", 2.0 * 8192**3, 6.0 * 8192**2, gpu)
     assert est.power_w == pytest.approx(gpu.tdp_w, rel=0.01)

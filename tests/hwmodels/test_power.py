@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import collections
-import csv
 import itertools
-from pathlib import Path
 
 import pytest
 
@@ -47,36 +44,3 @@ def test_scaled_time_splits_compute_and_memory() -> None:
     """t(f) = t(fmax)(c·fmax/f + 1 − c): halving the clock doubles only the compute part."""
     gpu = get_gpu("A100-SXM4-40GB")
     assert scaled_time_s(1.0, 0.6, 705, gpu) == pytest.approx(0.6 * 2 + 0.4)
-
-
-def _perseus_relative_power(folder: Path, key: str) -> dict[int, float]:
-    rel: dict[int, list[float]] = collections.defaultdict(list)
-    for path in sorted(folder.glob(f"*+{key}_bf16.csv")):
-        groups: dict[tuple[str, str], dict[int, float]] = collections.defaultdict(dict)
-        with path.open() as fh:
-            for row in csv.DictReader(fh):
-                groups[(row["stage"], row["instruction"])][int(row["frequency"])] = float(
-                    row["energy"]
-                ) / float(row["time"])
-        for by_freq in groups.values():
-            top = by_freq[max(by_freq)]
-            for freq, p in by_freq.items():
-                rel[freq].append(p / top)
-    return {f: sum(v) / len(v) for f, v in sorted(rel.items())}
-
-
-@pytest.mark.parametrize(("key", "gpu_name"), [("a100_sxm", "A100-SXM4-40GB"), ("a40", "A40")])
-def test_relative_power_matches_perseus_measurements(key: str, gpu_name: str,
-                                                    shared_subdir) -> None:
-    """Measured energy/time per instruction (Perseus stage profiles, A100 SXM and A40), relative
-    to the top clock, matches the model's P(f)/P(f_max) at full utilisation: RMS error over the
-    whole sweep <= 0.03 and error at the lowest swept clock (855 MHz) <= 0.06."""
-    perseus = shared_subdir("perseus/stage_profile")
-    measured = _perseus_relative_power(perseus, key)
-    assert measured, f"no {key} profiles under {perseus}"
-    gpu = get_gpu(gpu_name)
-    top = power_w(gpu, gpu.sm_clock_max_mhz)
-    errors = {f: power_w(gpu, f) / top - m for f, m in measured.items()}
-    rms = (sum(e * e for e in errors.values()) / len(errors)) ** 0.5
-    assert rms <= 0.03
-    assert abs(errors[855]) <= 0.06
