@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.errors import SpecError, TraceError, TrainsimError, UnknownNameError
+from trainsim.hwmodels.calibration import Calibration, load_calibration
 from trainsim.hwmodels.catalog_views import catalog_gpus, describe_hardware
 from trainsim.hwmodels.catalog_views import describe_cluster as _cluster_view
 from trainsim.hwmodels.cluster import Cluster, parse_cluster
@@ -263,6 +264,26 @@ def check_work_size(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
                         f" micro-batches of {plan.micro_batch_size}), over --max-tasks "
                         f"{max_tasks:,}: give a smaller --global-batch or a larger --micro-batch, "
                         f"keep ranks folded (no --unfold), or raise --max-tasks")
+
+
+def calibration_options(calibration: str | Path | Calibration, *, unfold: bool = False
+                        ) -> LoweringOptions:
+    """LoweringOptions whose roofline uses `calibration`'s coefficients (a file or loaded)."""
+    cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+    return LoweringOptions(fold=not unfold, cost_model=cal.cost_model())
+
+
+def calibrate_dvfs(perseus_dir: str | Path, *,
+                   on_gpu: Callable[[str], None] | None = None) -> Calibration:
+    """Fit the DVFS time split and power coefficients to Perseus' measured stage profiles
+    (`sim calibrate dvfs`); `search.energy.dvfs_fit.write_catalog` makes them the defaults."""
+    # deferred: start-up time (scipy.optimize and the energy planner's modules)
+    from trainsim.search.energy.dvfs_fit import calibrate
+    folder = Path(perseus_dir)
+    if not folder.is_dir():
+        raise SpecError(f"--perseus {folder}: not a folder (the Perseus artifact's "
+                        "stage_profile/ folder, e.g. ../shared/data/perseus/stage_profile)")
+    return calibrate(folder, on_gpu)
 
 
 def simulate(model: str | ModelSpec, cluster: str | Cluster,

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from trainsim import api
 from trainsim.commands.output import check_new_file, echo_json, stderr_console, user_errors
-from trainsim.errors import PlanError
+from trainsim.errors import PlanError, SpecError
 from trainsim.simulator.chrome_trace import write_chrome_trace
 from trainsim.simulator.result import SimResult
 from trainsim.simulator.timeline_plot import write_timeline_html
@@ -79,6 +79,9 @@ def simulate_command(
     engine: str = typer.Option("numba", "--engine",
                               help="Engine: numba (fast, default) or simpy (reference)."),
     unfold: bool = typer.Option(False, "--unfold", help="Simulate every GPU as its own rank."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="Calibration file "
+                                            "from `sim calibrate`: its fitted coefficients "
+                                            "replace the catalog's (roofline runs)."),
     timeline: Path | None = typer.Option(None, "--timeline", help="Write an HTML timeline."),
     trace: Path | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace."),
     save_plan: Path | None = typer.Option(None, "--save-plan", help="Write the plan as JSON."),
@@ -106,6 +109,11 @@ def simulate_command(
              "recompute": recompute, "dp_batch_split": _split(dp_batch_split)}
     if saved is not None:
         _print_overrides(saved, model, cluster, given)
+    if calibration is not None and profile is not None:
+        raise SpecError("give --profile (measured op times) or --calibration (fitted roofline "
+                        "coefficients), not both")
+    options = (None if calibration is None else
+               api.calibration_options(calibration, unfold=unfold))
     with console.status("resolving model and cluster..."):
         cost = api.cost_model_for(cluster, profile)
         spec = api.load_model(model)
@@ -113,6 +121,7 @@ def simulate_command(
     plan = api.make_plan(spec, hw, None if saved is None else saved.fields, **given)
     with _progress_bar(console) as on_progress:
         result = api.simulate(spec, hw, plan, engine=engine, profile=cost, unfold=unfold,
+                              options=options,
                               on_progress=on_progress, max_tasks=max_tasks)
     if save_plan:
         api.save_plan(plan, save_plan, model=model, cluster=cluster)
