@@ -79,6 +79,10 @@ def simulate_command(
     engine: str = typer.Option("numba", "--engine",
                               help="Engine: numba (fast, default) or simpy (reference)."),
     unfold: bool = typer.Option(False, "--unfold", help="Simulate every GPU as its own rank."),
+    overlap_grad_reduce: bool | None = typer.Option(
+        None, "--overlap-grad-reduce/--no-overlap-grad-reduce",
+        help="Reduce gradient buckets behind the backward (DDP/FSDP default, Megatron's "
+             "--overlap-grad-reduce) or after it [default: the plan's, on]."),
     calibration: Path | None = typer.Option(None, "--calibration", help="Calibration file "
                                             "from `sim calibrate`: its fitted coefficients "
                                             "replace the catalog's (roofline runs)."),
@@ -106,7 +110,8 @@ def simulate_command(
     given = {"dp": dp, "tp": tp, "pp": pp, "sp": sp, "ep": ep, "micro_batch_size": micro_batch,
              "global_batch": global_batch, "seq_len": seq_len, "schedule": schedule,
              "virtual_stages": virtual_stages, "zero": zero, "freq_mhz": freq_mhz,
-             "recompute": recompute, "dp_batch_split": _split(dp_batch_split)}
+             "recompute": recompute, "dp_batch_split": _split(dp_batch_split),
+             "overlap_grad_reduce": overlap_grad_reduce}
     if saved is not None:
         _print_overrides(saved, model, cluster, given)
     if calibration is not None and profile is not None:

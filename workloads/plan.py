@@ -148,6 +148,11 @@ class ParallelPlan:
     """none, selective (attention core), full (whole layer), or a tuple of op names."""
     zero: int = 0
     """ZeRO stage 0–3: shard optimizer states (1), + gradients (2), + weights (3) over dp."""
+    overlap_grad_reduce: bool = True
+    """Reduce each gradient bucket as soon as its part of the last backward is done, behind the
+    rest of the backward (PyTorch DDP's and FSDP's default; Megatron-LM's
+    --overlap-grad-reduce). False: one reduction of all gradients after the backward ends, on
+    the critical path (Megatron-LM's default without that flag)."""
     freq_mhz: float | None = None
     """One SM frequency for every GPU; the GPU's maximum when None."""
     stage_freq_mhz: tuple[float, ...] | None = None
@@ -213,8 +218,9 @@ class ParallelPlan:
                 _int(f"dp_batch_split[{i}]", v, f"a positive integer (samples of data-parallel "
                                                 f"replica {i})")
                 for i, v in enumerate(_items("dp_batch_split", self.dp_batch_split, what))))
-        if not isinstance(self.sp, bool):
-            raise PlanError(f"plan.sp={self.sp!r} must be true or false")
+        for flag in ("sp", "overlap_grad_reduce"):
+            if not isinstance(getattr(self, flag), bool):
+                raise PlanError(f"plan.{flag}={getattr(self, flag)!r} must be true or false")
         put("schedule", normalise_schedule(_text(
             "schedule", self.schedule, f"a schedule name ({', '.join(SCHEDULES)} or "
             f"torch:<ScheduleClass>)")))
@@ -629,11 +635,13 @@ class ParallelPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict holding every field (round-trips through `from_dict`); an unset
-        `dp_batch_split` (the even split) is left out, so plans without one print as before."""
+        `dp_batch_split` (the even split) and the default `overlap_grad_reduce` are left out, so
+        plans without them print as before."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "dp_batch_split" and value is None:
+            if (f.name == "dp_batch_split" and value is None) or \
+                    (f.name == "overlap_grad_reduce" and value):
                 continue
             if f.name == "micro_batches" and value is not None:
                 value = [{"batch_size": m.batch_size, "seq_len": m.seq_len} for m in value]

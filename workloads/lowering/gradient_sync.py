@@ -9,6 +9,8 @@ per stage, not once per micro-batch, and holds the ZeRO memory model.
 
 from __future__ import annotations
 
+from typing import Any
+
 from trainsim.simulator.actions import Action
 from trainsim.simulator.task_table import TaskTableBuilder
 from trainsim.workloads.lowering.comm import NO_META, CommLowering, Meta, cross_unit
@@ -57,30 +59,51 @@ class GradientSync:
         return min(stage_bytes, 2 * layer_bytes) * (dp - 1) / dp
 
     def zero3_gather(self, a: Action, phys: int, c: InstructionCosts, meta: Meta,
-                     history: dict[tuple[int, int], list[int]]) -> dict[int, list[int]] | None:
-        """ZeRO-3 (Rajbhandari et al. 2020, §5.3): every forward, and every backward that needs
-        the weights (B, I; not W), first all-gathers the stage's parameters over the
-        data-parallel group, held until the pass ends. The gather is prefetched: it may start
-        once the rank's compute two instructions earlier has ended (so it overlaps the previous
-        instruction, and at most two gathered copies are alive). `history` holds each
-        (stage, unit)'s compute tasks so far."""
+                     history: dict[tuple[int, int], list[int]]
+                     ) -> tuple[dict[int, list[int]], dict[int, list[int]]] | None:
+        """ZeRO-3 / FSDP (Rajbhandari et al. 2020, §5.3): every forward, and every backward that
+        needs the weights (B, I; not W), all-gathers the stage's parameters over the
+        data-parallel group, layer by layer, each layer's gather prefetched while the layer
+        before it computes (FSDP's forward/backward prefetch, DeepSpeed's prefetch bucket).
+
+        Emitted as two collectives on the dp stream: the first layer's gather, which the pass's
+        compute waits for, and the rest, which runs behind that compute. The first gather may
+        start once the rank's compute two instructions earlier has ended (it overlaps the
+        previous instruction). Returns (what the compute waits for, what the pass's successors
+        also wait for) per unit, or None without a gather. The dp stream runs its tasks in
+        order, so a gather slower than the compute delays the next pass's first gather, and
+        with it that pass: the exposed part of the gathers is what the frameworks expose.
+        `history` holds each (stage, unit)'s compute tasks so far."""
         plan, layout = self.plan, self.layout
         if plan.zero < 3 or a.kind == "W" or plan.dp_of_stage(phys) < 2 \
                 or not self.opt.communication:
             return None
-        size = c.params * optimizer_bytes_per_param(plan.dtype)[0]
+        weight_bytes = optimizer_bytes_per_param(plan.dtype)[0]
+        size = c.params * weight_bytes
+        head = min(size, layout.largest_layer_params(phys) * weight_bytes)
         prefetch = {u: history.get((phys, u), [])[-2:-1]
                     for u in range(len(layout.units(phys)))}
         b = self.b
-        return cross_unit(self.comm, layout, phys, layout.dp_groups(phys),
-                          [("all_gather", size)],
-                          name=b.name_template(f"s{a.stage}.{a.stage}{a.kind}%d.gather"),
-                          arg=a.micro_batch, kind=b.kind("all_gather"), stream=b.stream("dp"),
-                          last=prefetch, meta=meta, alloc_bytes=self.zero3_bytes(phys, c),
-                          key=("dp", phys))
+        common: dict[str, Any] = {"kind": b.kind("all_gather"), "stream": b.stream("dp"), "meta": meta,
+                      "key": ("dp", phys)}
+        first = cross_unit(self.comm, layout, phys, layout.dp_groups(phys),
+                           [("all_gather", head)],
+                           name=b.name_template(f"s{a.stage}.{a.stage}{a.kind}%d.gather"),
+                           arg=a.micro_batch, last=prefetch,
+                           alloc_bytes=self.zero3_bytes(phys, c), **common)
+        if size - head <= 0:
+            return first, {u: [] for u in first}
+        rest = cross_unit(self.comm, layout, phys, layout.dp_groups(phys),
+                          [("all_gather", size - head)],
+                          name=b.name_template(f"s{a.stage}.{a.stage}{a.kind}%d.gather.rest"),
+                          arg=a.micro_batch, last=first, **common)
+        return first, rest
 
     def buckets(self, c: InstructionCosts) -> int:
-        """Gradient buckets of a stage (bucket size from the options, 1..16)."""
+        """Gradient buckets of a stage (bucket size from the options, 1..16); one, reduced
+        after the whole backward, when the plan does not overlap the reduction."""
+        if not self.plan.overlap_grad_reduce:
+            return 1
         grad_bytes = c.params * optimizer_bytes_per_param(self.plan.dtype)[1]
         return max(1, min(16, round(grad_bytes / self.opt.dp_bucket_bytes)))
 

@@ -243,7 +243,7 @@ class _Lowering:
         gathered = (self.sync.zero3_gather(a, phys, c, meta, self.history)
                     if self.plan.zero >= 3 else None)
         if gathered is not None:
-            last = {u: sorted(set(last[u]) | set(gathered[u])) for u in last}
+            last = {u: sorted(set(last[u]) | set(gathered[0][u])) for u in last}
         patch = self.patch
         if blk.recompute is not None:
             r = blk.recompute
@@ -291,6 +291,8 @@ class _Lowering:
                 last[u] = (emit(tp, ids, j, meta)[-1:] or ids) if tp is not None else ids
         if blk.ep_needs:
             last = self._ep_tasks(blk.ep_needs, phys, f"s{k}.{a.kind}%d", j, last, meta)
+        if gathered is not None:  # the layers gathered behind the compute end the pass too
+            last = {u: sorted(set(last[u]) | set(gathered[1][u])) for u in last}
         done = self.done
         recv = self.recv
         send = blk.send
