@@ -33,6 +33,7 @@ import numpy as np
 
 from trainsim.errors import SpecError
 from trainsim.hwmodels.cluster import Cluster
+from trainsim.hwmodels.gpus import get_gpu
 from trainsim.search.energy.baselines import Baseline, all_baselines
 from trainsim.search.energy.dag import InstructionDag, build_dag
 from trainsim.search.energy.frontier import Frontier, FrontierStep, compute_frontier
@@ -116,6 +117,8 @@ def load_dag(microbatches: int | None, *, profile: Path | None = None, gpu: str 
             raise SpecError("give exactly one of --gpu TYPE and --blocking-power-w W with "
                             "--profile")
         prof = load_perseus_csv(profile, blocking_power_w=float(power))
+        if gpu is not None:
+            check_profile_gpu(prof, profile, gpu)
     elif model is not None and cluster is not None:
         plan = {"pp": pp, "tp": tp, "dp": dp, "micro_batch_size": micro_batch_size,
                 "num_micro_batches": m, "schedule": "1f1b"}
@@ -125,6 +128,25 @@ def load_dag(microbatches: int | None, *, profile: Path | None = None, gpu: str 
     else:  # pragma: no cover - check_inputs refused it
         raise SpecError("--model needs --cluster")
     return build_dag(prof, m)
+
+
+def check_profile_gpu(prof: EnergyProfile, path: Path, gpu_name: str) -> None:
+    """Refuse a profile that cannot have been measured on `gpu_name`: clocks outside its
+    range, or a Perseus file name that names another GPU (``{model}+{a100_sxm|a40}_...``).
+    A profile of another GPU gives a frontier of the wrong device with no word."""
+    gpu = get_gpu(gpu_name)
+    clocks = [f for o in prof.options.values() for f in o.freq_mhz.tolist()]
+    lo, hi = min(clocks), max(clocks)
+    if hi > gpu.sm_clock_max_mhz + 1e-6 or lo < gpu.sm_clock_min_mhz - 1e-6:
+        raise SpecError(f"--profile {path.name} has clocks {lo:g}-{hi:g} MHz, outside "
+                        f"--gpu {gpu.name}'s {gpu.sm_clock_min_mhz:g}-"
+                        f"{gpu.sm_clock_max_mhz:g} MHz: was it measured on another GPU?")
+    stem = path.name.lower()
+    named = {"a100": "A100", "a40": "A40", "a10_": "A10", "v100": "V100", "h100": "H100"}
+    for key, family in named.items():
+        if f"+{key}" in stem and not gpu.name.upper().startswith(family):
+            raise SpecError(f"--profile {path.name} names GPU {family} in its file name, but "
+                            f"--gpu is {gpu.name}: give the GPU it was measured on")
 
 
 # -------------------------------------------------------------------------------- frontier

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from trainsim.cli import main
 from trainsim.errors import DataFileError
+from trainsim.search.energy.planner import load_dag
 from trainsim.search.energy.profile import load_perseus_csv
 
 HEADER = "stage,instruction,frequency,time,energy\n"
@@ -67,3 +69,35 @@ def test_missing_instruction(tmp_path) -> None:
     text = "".join(line for line in GOOD.splitlines(True) if not line.startswith("0,backward"))
     with pytest.raises(DataFileError, match="stage 0 instruction 'backward'"):
         load_perseus_csv(write(tmp_path, text), blocking_power_w=10.0)
+
+
+def _write_profile(path, freqs) -> None:
+    rows = ["stage,instruction,frequency,time,energy"]
+    for stage in (0, 1):
+        for inst, base in (("forward", 0.05), ("backward", 0.1)):
+            rows += [f"{stage},{inst},{f},{base * max(freqs) / f},{base * 300}" for f in freqs]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize(("name", "freqs", "gpu", "needle"), [
+    ("m+a40_bf16.csv", (1200, 1740), "A100-SXM4-40GB", "outside --gpu A100-SXM4-40GB"),
+    ("m+a100_sxm_bf16.csv", (1200, 1410), "A40", "names GPU A100"),
+])
+def test_profile_of_another_gpu_is_refused(tmp_path, capsys, name, freqs, gpu, needle) -> None:
+    """Regression (issue 18): `sim energy` accepted a profile measured on another GPU than
+    --gpu and planned the wrong device with no word; now exit 2 naming both."""
+    path = tmp_path / name
+    _write_profile(path, freqs)
+    with pytest.raises(SystemExit) as info:
+        main(["energy", "frontier", "--profile", str(path), "--gpu", gpu, "--microbatches",
+              "2"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_profile_of_the_same_gpu_is_accepted(tmp_path) -> None:
+    path = tmp_path / "m+a100_sxm_bf16.csv"
+    _write_profile(path, (1200, 1410))
+    dag = load_dag(2, profile=path, gpu="A100-SXM4-80GB")
+    assert dag is not None
