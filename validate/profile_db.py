@@ -25,6 +25,7 @@ solo_s     median per-call time of the same op with the other processes idle (wa
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from typing import Any
 
 from trainsim.errors import DataFileError
 
+HASH_KEY = "sha256"
+"""Header field holding the SHA-256 of the CSV rows below it; absent in old profiles."""
 HEADER = "# trainsim-profile v1 "
 COLUMNS = ("kind", "shape", "pass", "group_size", "size_bytes", "flops", "bytes_moved", "time_s",
            "p25_s", "p75_s", "repeats", "solo_s")
@@ -124,7 +127,8 @@ class ProfileDB:
         frame = self.to_frame().sort_values(["pass", "kind", "group_size", "size_bytes", "flops",
                                              "shape"], kind="stable")
         body = frame.to_csv(index=False, lineterminator="\n")
-        return HEADER + json.dumps(self.meta, sort_keys=True) + "\n" + body
+        meta = {**self.meta, HASH_KEY: hashlib.sha256(body.encode("utf-8")).hexdigest()}
+        return HEADER + json.dumps(meta, sort_keys=True) + "\n" + body
 
     def save(self, path: str | Path, *, force: bool = False) -> None:
         """Write the database; refuses to overwrite an existing file without `force`."""
@@ -151,6 +155,13 @@ class ProfileDB:
             meta = json.loads(first[len(HEADER):])
         except json.JSONDecodeError as exc:
             raise DataFileError(f"{where}: metadata line is not JSON ({exc.msg})") from None
+        if not isinstance(meta, dict):
+            raise DataFileError(f"{where}: metadata line must be a JSON object")
+        digest = meta.pop(HASH_KEY, None)
+        if digest is not None and digest != hashlib.sha256(body.encode("utf-8")).hexdigest():
+            raise DataFileError(f"{where}: rows do not match the {HASH_KEY} in the header (the "
+                                "profile was edited or damaged after `sim profile` wrote it); "
+                                "profile again")
         try:
             frame = pd.read_csv(io.StringIO(body), dtype={"shape": str}, keep_default_na=False)
         except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:

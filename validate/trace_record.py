@@ -17,6 +17,7 @@ and optimizer states resident on the GPU.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -31,6 +32,15 @@ from trainsim.validate.torch_parallel import WORKER_THREADS, rank_layout, run_pa
 from trainsim.validate.trace_import import is_kineto, load_kineto, read_json
 
 FORMAT = "trainsim-trace"
+HASH_KEY = "sha256"
+"""Field holding the SHA-256 of the rest of the trace (canonical JSON); absent in old traces."""
+
+
+def content_hash(data: dict[str, Any]) -> str:
+    """SHA-256 of `data` without its HASH_KEY, as canonical JSON (sorted keys, no spaces)."""
+    body = {k: v for k, v in data.items() if k != HASH_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 VERSION = 1
 PLAN_FIELDS = ("dp", "tp", "pp", "micro_batch_size", "num_micro_batches")
 PLAN_ALIASES = {"dp2": {"dp": 2}, "pp2": {"pp": 2}, "tp2": {"tp": 2}, "single": {},
@@ -106,13 +116,16 @@ class MeasuredTrace:
                 "ranks": list(self.ranks), "events": list(self.events)}
 
     def save(self, path: str | Path, *, force: bool = False) -> None:
-        """Write the JSON trace; refuses to overwrite without `force`."""
+        """Write the JSON trace with its content hash (`sha256`, checked at load, so an edited
+        or damaged trace is refused rather than validated); refuses to overwrite without
+        `force`."""
         path = Path(path)
         if path.exists() and not force:
             raise TraceError(f"{path} exists; pass --force to overwrite it")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n",
-                        encoding="utf-8")
+        data = self.to_dict()
+        data[HASH_KEY] = content_hash(data)
+        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "trace") -> MeasuredTrace:
@@ -135,14 +148,19 @@ class MeasuredTrace:
                 raise TraceError(f"{where}: field {key}={_short(data[key])} must be a "
                                  f"{_TYPE_WORDS[kind]}")
         try:
-            return cls(model=data["model"], plan=dict(data["plan"]),
-                       iteration_times_s=tuple(data["iteration_times_s"]),
-                       ranks=tuple(data["ranks"]), events=tuple(data.get("events", ())),
-                       machine=dict(data.get("machine", {})))
+            trace = cls(model=data["model"], plan=dict(data["plan"]),
+                        iteration_times_s=tuple(data["iteration_times_s"]),
+                        ranks=tuple(data["ranks"]), events=tuple(data.get("events", ())),
+                        machine=dict(data.get("machine", {})))
         except TraceError as exc:
             msg = str(exc)
             raise TraceError(f"{where}:{msg[len('trace:'):]}" if msg.startswith("trace:")
                              else msg) from None
+        # after the field checks, so a malformed field is named; this catches the rest
+        if HASH_KEY in data and data[HASH_KEY] != content_hash(data):
+            raise TraceError(f"{where}: content does not match its {HASH_KEY} (the trace was "
+                             "edited or damaged after it was recorded); record it again")
+        return trace
 
     @classmethod
     def load(cls, path: str | Path) -> MeasuredTrace:
