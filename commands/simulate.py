@@ -22,6 +22,11 @@ from trainsim.commands.output import check_new_file, echo_json, stderr_console, 
 from trainsim.errors import PlanError, SpecError
 from trainsim.simulator.chrome_trace import write_chrome_trace
 from trainsim.simulator.result import SimResult
+from trainsim.simulator.timeline_groups import (
+    RankSelection,
+    check_rank,
+    default_trace_groups,
+)
 from trainsim.simulator.timeline_plot import write_timeline_html
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.plan_defaults import DEFAULT_GLOBAL_BATCH
@@ -88,6 +93,12 @@ def simulate_command(
                                             "replace the catalog's (roofline runs)."),
     timeline: Path | None = typer.Option(None, "--timeline", help="Write an HTML timeline."),
     trace: Path | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace."),
+    timeline_rank: int | None = typer.Option(
+        None, "--timeline-rank", help="GPU rank whose own rows the --timeline draws in full "
+        "beside the grouped rows (runs of more than 32 ranks draw one row set per stage group)."),
+    trace_ranks: str | None = typer.Option(
+        None, "--trace-ranks", help="Ranks the --trace keeps: all, or e.g. 0,8,16-31 or stage:0 "
+        "[default: all up to 32 ranks, else one representative rank per stage group]."),
     save_plan: Path | None = typer.Option(None, "--save-plan", help="Write the plan as JSON."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing output files."),
     max_tasks: int = typer.Option(api.DEFAULT_MAX_TASKS, "--max-tasks", min=1,
@@ -103,6 +114,7 @@ def simulate_command(
     """
     for path, what in ((timeline, "--timeline"), (trace, "--trace"), (save_plan, "--save-plan")):
         check_new_file(path, force, what)
+    trace_selection = _rank_options(timeline, timeline_rank, trace, trace_ranks)
     console = stderr_console(quiet=as_json)
     saved = api.read_plan(plan_file) if plan_file is not None else None
     model = model or (saved and saved.model) or DEFAULT_MODEL
@@ -124,6 +136,10 @@ def simulate_command(
         spec = api.load_model(model)
         hw = api.load_cluster(cluster, profile=cost)
     plan = api.make_plan(spec, hw, None if saved is None else saved.fields, **given)
+    if timeline_rank is not None:
+        check_rank(timeline_rank, plan.gpus)
+    if trace_selection is not None:
+        trace_selection.check(plan.gpus, plan.pp)
     with _progress_bar(console) as on_progress:
         result = api.simulate(spec, hw, plan, engine=engine, profile=cost, unfold=unfold,
                               options=options,
@@ -132,9 +148,9 @@ def simulate_command(
         api.save_plan(plan, save_plan, model=model, cluster=cluster)
     if timeline:
         with console.status("drawing the timeline..."):
-            write_timeline_html(result, timeline)
+            write_timeline_html(result, timeline, focus_rank=timeline_rank)
     if trace:
-        write_chrome_trace(result, trace)
+        _write_trace(result, trace, trace_selection)
     if as_json:
         echo_json({"model": spec.name, "cluster": cluster, "engine": engine,
                    "plan": plan.to_dict(), **result.to_summary_dict()})
@@ -143,6 +159,38 @@ def simulate_command(
     if result.oom and not allow_oom:
         typer.echo(f"error: {oom_line(result)}", err=True)
         raise typer.Exit(EXIT_OOM)
+
+
+def _rank_options(timeline: Path | None, timeline_rank: int | None, trace: Path | None,
+                  trace_ranks: str | None) -> RankSelection | None:
+    """Check --timeline-rank and --trace-ranks before any work (their ranges once the plan is
+    known); return the parsed --trace-ranks."""
+    if timeline_rank is not None and timeline is None:
+        raise SpecError("--timeline-rank needs --timeline FILE.html")
+    if timeline_rank is not None and timeline_rank < 0:
+        raise SpecError(f"--timeline-rank {timeline_rank} must be a GPU rank >= 0")
+    if trace_ranks is None:
+        return None
+    if trace is None:
+        raise SpecError("--trace-ranks needs --trace FILE.json")
+    return RankSelection.parse(trace_ranks)
+
+
+def _write_trace(result: SimResult, path: Path, selection: RankSelection | None) -> None:
+    """The Chrome trace of the chosen ranks; past 32 ranks and none chosen, one representative
+    rank per stage group (one stderr line says so)."""
+    if selection is not None:
+        write_chrome_trace(result, path, ranks=selection.resolve(result))
+        return
+    groups, line = default_trace_groups(result)
+    if groups is None:
+        write_chrome_trace(result, path)
+    else:
+        write_chrome_trace(result, path, ranks=[g.representative for g in groups],
+                           notes={g.representative: f"stands for {g.label}, {g.gpus} GPUs"
+                                  for g in groups})
+    if line:
+        typer.echo(line, err=True)
 
 
 def _split(text: str | None) -> list[int] | None:

@@ -11,7 +11,10 @@ Follows the Trace Event Format (Google, "Trace Event Format" document): the JSON
 * counter events (`ph: "C"`): `memory` (bytes) and `power` (W) per rank, one per instant.
 
 GPU names come from `program.info.gpu_names` (one per program rank) or `program.info.gpu_name`
-(all ranks). Output is deterministic: events in a fixed order and
+(all ranks). `ranks` keeps only some ranks (the CLI's `--trace-ranks`; past
+`timeline_groups.GROUP_THRESHOLD` ranks it defaults to one representative rank per rank group,
+each process named for the group it stands for); `otherData` then says how many ranks the
+trace holds of how many. Output is deterministic: events in a fixed order and
 keys sorted, so the same result always gives byte-identical JSON.
 """
 
@@ -19,11 +22,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from trainsim.simulator.program import CONVENTIONAL_STREAMS, stream_display_order
 from trainsim.simulator.result import SimResult
+from trainsim.simulator.timeline_groups import gpu_name, program_rank_of
+
+__all__ = ["chrome_trace_json", "gpu_name", "to_chrome_trace", "write_chrome_trace"]
 
 
 def _us(seconds: float) -> float:
@@ -31,35 +38,44 @@ def _us(seconds: float) -> float:
     return round(float(seconds) * 1e6, 3)
 
 
-def gpu_name(result: SimResult, program_rank: int) -> str | None:
-    """The GPU type of a program rank, if the program's info says."""
-    info = result.program.info
-    names = info.gpu_names
-    if names is not None and program_rank < len(names):
-        return str(names[program_rank])
-    name = info.gpu_name
-    return None if name is None else str(name)
+def to_chrome_trace(
+    result: SimResult,
+    *,
+    ranks: Sequence[int] | None = None,
+    notes: Mapping[int, str] | None = None,
+) -> dict[str, Any]:
+    """Return the trace as a JSON-ready dict (see the module docstring for its layout).
 
-
-def to_chrome_trace(result: SimResult) -> dict[str, Any]:
-    """Return the trace as a JSON-ready dict (see the module docstring for its layout)."""
+    Args:
+        result: the simulated iteration.
+        ranks: result ranks to keep (default all).
+        notes: text appended to a rank's process name ("stage 3 · 640 GPUs").
+    """
     frame = result.tasks
+    records = result.ranks
+    memory, power = result.memory_timeline, result.power_timeline
+    if ranks is not None:
+        keep = {int(r) for r in ranks}
+        frame = frame[frame["rank"].isin(keep)]
+        records = [rec for rec in records if rec.rank in keep]
+        memory = memory[memory["rank"].isin(keep)]
+        power = power[power["rank"].isin(keep)]
     # Fixed tids for the conventional streams (1 compute, 2 tp, 3 pp, 4 dp), then the others.
     tid_of = {name: i + 1 for i, name in enumerate(CONVENTIONAL_STREAMS)}
     others = [s for s in stream_display_order(frame["stream"].unique()) if s not in tid_of]
     tid_of.update({name: len(CONVENTIONAL_STREAMS) + 1 + i for i, name in enumerate(others)})
     # Physical rank -> program rank (identity unless the result was expanded).
-    program_rank = {rec.rank: rec.rank for rec in result.ranks}
-    if result.expanded:
-        program_rank = {p: r for r, group in enumerate(result.program.represents) for p in group}
+    program_rank = program_rank_of(result)
     events: list[dict[str, Any]] = []
-    for rec in result.ranks:
+    for rec in records:
         label = f"rank {rec.rank}"
         gpu = gpu_name(result, program_rank[rec.rank])
         if gpu:
             label += f" ({gpu})"
         if len(rec.represents) > 1:
             label += f" x{len(rec.represents)} folded"
+        if notes and rec.rank in notes:
+            label += f" · {notes[rec.rank]}"
         events.append(
             {"ph": "M", "name": "process_name", "pid": rec.rank, "tid": 0, "args": {"name": label}}
         )
@@ -127,22 +143,22 @@ def to_chrome_trace(result: SimResult) -> dict[str, Any]:
             }
         )
     for timeline, counter, key, column in (
-        (result.memory_timeline, "memory", "bytes", "bytes"),
-        (result.power_timeline, "power", "watts", "power_w"),
+        (memory, "memory", "bytes", "bytes"),
+        (power, "power", "watts", "power_w"),
     ):
-        ranks = timeline["rank"].to_numpy()
+        owners = timeline["rank"].to_numpy()
         times = timeline["time_s"].to_numpy()
         values = timeline[column].to_numpy()
         for i in range(len(timeline)):
             last_at_instant = (
-                i + 1 == len(timeline) or ranks[i + 1] != ranks[i] or times[i + 1] != times[i]
+                i + 1 == len(timeline) or owners[i + 1] != owners[i] or times[i + 1] != times[i]
             )
             if last_at_instant:
                 events.append(
                     {
                         "ph": "C",
                         "name": counter,
-                        "pid": int(ranks[i]),
+                        "pid": int(owners[i]),
                         "tid": 0,
                         "ts": _us(times[i]),
                         "args": {key: float(values[i])},
@@ -150,6 +166,8 @@ def to_chrome_trace(result: SimResult) -> dict[str, Any]:
                 )
     summary = result.to_summary_dict()
     summary.pop("per_rank")
+    if ranks is not None:
+        summary["ranks_in_trace"] = len(records)
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -157,16 +175,29 @@ def to_chrome_trace(result: SimResult) -> dict[str, Any]:
     }
 
 
-def chrome_trace_json(result: SimResult) -> str:
+def chrome_trace_json(
+    result: SimResult,
+    *,
+    ranks: Sequence[int] | None = None,
+    notes: Mapping[int, str] | None = None,
+) -> str:
     """The trace as JSON text (sorted keys; byte-identical for identical results)."""
     return (
-        json.dumps(to_chrome_trace(result), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        json.dumps(to_chrome_trace(result, ranks=ranks, notes=notes), sort_keys=True, separators=(",", ":"), allow_nan=False)
         + "\n"
     )
 
 
-def write_chrome_trace(result: SimResult, path: str | Path) -> Path:
-    """Write the trace to `path` (open it at https://ui.perfetto.dev) and return the path."""
+def write_chrome_trace(
+    result: SimResult,
+    path: str | Path,
+    *,
+    ranks: Sequence[int] | None = None,
+    notes: Mapping[int, str] | None = None,
+) -> Path:
+    """Write the trace to `path` (open it at https://ui.perfetto.dev) and return the path.
+
+    `ranks` keeps only those result ranks (default all); `notes` extends their process names."""
     path = Path(path)
-    path.write_text(chrome_trace_json(result), encoding="utf-8")
+    path.write_text(chrome_trace_json(result, ranks=ranks, notes=notes), encoding="utf-8")
     return path

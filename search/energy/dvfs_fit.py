@@ -88,10 +88,10 @@ def load_curves(folder: str | Path) -> list[Curve]:
                     raise DataFileError(f"{path}:{line}: bad row ({exc})") from None
         for (stage, instruction), by_f in sorted(sweeps.items()):
             freqs = np.array(sorted(by_f), dtype=float)
-            t = np.array([by_f[int(f)][0] for f in freqs])
-            p = np.array([by_f[int(f)][1] / by_f[int(f)][0] for f in freqs])
-            curves.append(Curve(model, gpu_key, stage, instruction, freqs, t / t[-1],
-                                p / p[-1]))
+            times = np.array([by_f[int(f)][0] for f in freqs])
+            powers = np.array([by_f[int(f)][1] / by_f[int(f)][0] for f in freqs])
+            curves.append(Curve(model, gpu_key, stage, instruction, freqs,
+                                times / times[-1], powers / powers[-1]))
     return curves
 
 

@@ -14,7 +14,12 @@ import pytest
 
 from trainsim.simulator.engine_simpy import run_simpy
 from trainsim.simulator.random_program import random_program
-from trainsim.simulator.timeline_plot import DIV_ID, timeline_figure, write_timeline_html
+from trainsim.simulator.timeline_plot import (
+    DIV_ID,
+    KIND_COLOURS,
+    timeline_figure,
+    write_timeline_html,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -103,12 +108,9 @@ def _decode_png(data: bytes) -> tuple[int, int, int, bytes]:
     return width, height, channels, bytes(out)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
-def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
-    """A screenshot of the timeline in headless Chromium is not blank: many distinct colours
-    (bars in several kind colours, lines, text), not a uniform page."""
-    html = write_timeline_html(_result(), tmp_path / "timeline.html")
-    png = tmp_path / "shot.png"
+def _screenshot(html: Path, tmp_path: Path, name: str) -> tuple[int, int, int, bytes]:
+    """Headless Chromium's 1400×900 screenshot of `html`, decoded."""
+    png = tmp_path / f"{name}.png"
     subprocess.run(
         [
             CHROMIUM,
@@ -130,7 +132,35 @@ def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
         capture_output=True,
         timeout=120,
     )
-    width, height, channels, pixels = _decode_png(png.read_bytes())
+    return _decode_png(png.read_bytes())
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
+    """A screenshot of the timeline in headless Chromium is not blank: many distinct colours
+    (bars in several kind colours, lines, text), not a uniform page."""
+    html = write_timeline_html(_result(), tmp_path / "timeline.html")
+    width, height, channels, pixels = _screenshot(html, tmp_path, "shot")
     assert (width, height) == (1400, 900)
     colours = {pixels[i : i + 3] for i in range(0, len(pixels), channels * 7)}
     assert len(colours) > 20
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+def test_grouped_html_renders_in_headless_chromium(tmp_path: Path) -> None:
+    """The grouped page of an unfolded 64-GPU run (one row set per stage, a drill-down rank,
+    capacity line) renders in headless Chromium: bars in the kind colours, not a blank page."""
+    from trainsim import api
+
+    spec, hw = api.load_model("gpt3-125m"), api.load_cluster("8x8xA100-SXM4-80GB")
+    plan = api.make_plan(spec, hw, None, tp=2, pp=4, dp=8, global_batch=32, seq_len=256)
+    result = api.simulate(spec, hw, plan, unfold=True)
+    html = write_timeline_html(result, tmp_path / "grouped.html", focus_rank=63)
+    assert html.stat().st_size < 20e6
+    width, height, channels, pixels = _screenshot(html, tmp_path, "grouped")
+    assert (width, height) == (1400, 900)
+    colours = {pixels[i : i + 3] for i in range(0, len(pixels), channels * 7)}
+    assert len(colours) > 20
+    forward = bytes(int(KIND_COLOURS["forward"][i : i + 2], 16) for i in (1, 3, 5))
+    backward = bytes(int(KIND_COLOURS["backward"][i : i + 2], 16) for i in (1, 3, 5))
+    assert forward in colours and backward in colours
