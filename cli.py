@@ -17,7 +17,7 @@ from trainsim.commands.calibrate import app as calibrate_app
 from trainsim.commands.energy import app as energy_app
 from trainsim.commands.hw import app as hw_app
 from trainsim.commands.models import app as models_app
-from trainsim.commands.output import EXIT_BAD_INPUT, error_line
+from trainsim.commands.output import EXIT_BAD_INPUT, error_line, one_line
 from trainsim.commands.search import search_command
 from trainsim.commands.simulate import simulate_command
 from trainsim.commands.validate import register as register_validation
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         # alone shows the help and ends here with an empty message.)
         message = exc.format_message()
         if message:
-            typer.echo(f"error: {message} (see sim --help)", err=True)
+            typer.echo(f"error: {one_line(message)} (see sim --help)", err=True)
         raise SystemExit(getattr(exc, "exit_code", EXIT_BAD_INPUT)) from None
     except typer.Abort:
         typer.echo("aborted", err=True)
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         line = error_line(exc)
         if line is None:
             raise
-        typer.echo(f"error: {line}", err=True)
+        typer.echo(f"error: {one_line(line)}", err=True)
         raise SystemExit(EXIT_BAD_INPUT) from None
     raise SystemExit(code if isinstance(code, int) else 0)
 

@@ -28,9 +28,15 @@ EXIT_BAD_INPUT = 2
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def one_line(message: str) -> str:
+    """`message` on one line: user text inside it (a path or name with a newline, carriage
+    return or other control character) is shown escaped, as repr() would."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
+
+
 def fail(message: str) -> None:
     """Print one error line to stderr and exit with EXIT_BAD_INPUT."""
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {one_line(message)}", err=True)
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
@@ -40,6 +46,10 @@ def error_line(exc: Exception) -> str | None:
         return str(exc)
     if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
         return f"{exc.strerror}: {exc.filename}"
+    if isinstance(exc, OSError) and exc.filename is not None:
+        # e.g. a name too long for the file system, a path through a file (ENOTDIR)
+        name = str(exc.filename)
+        return f"{exc.strerror}: {name if len(name) <= 80 else name[:77] + '...'}"
     if isinstance(exc, UnicodeDecodeError):
         # A binary or wrongly encoded input file: readers open text as UTF-8.
         return f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start})"
