@@ -69,8 +69,10 @@ from trainsim.validate.devices import (
 from trainsim.validate.profile_db import ProfileDB, ProfileRow
 from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.worker_limits import (
+    check_calls,
     check_memory,
     check_processes,
+    micro_batch_activation_bytes,
     training_memory_bytes,
 )
 from trainsim.workloads.model import build_graph
@@ -472,10 +474,12 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
     backend = check_device("sim profile", device, processes)
     if device == "cpu":
         check_processes("sim profile --processes", processes)
+    check_calls("sim profile --warmup/--repeats", warmup + repeats, "calls per measurement")
     # Each process times the Adam step of up to the whole model (the pp=1 stage plan).
     for spec in specs:
         check_memory("sim profile --model", spec.name,
-                     training_memory_bytes(spec.parameters(), processes, processes))
+                     training_memory_bytes(spec.parameters(), processes, processes,
+                                           micro_batch_activation_bytes(spec, micro_batch_size)))
     import torch.multiprocessing as mp  # after the checks: bad options answer without torch
 
     seen: dict[tuple[str, tuple[int, ...], float], dict[str, Any]] = {}

@@ -43,8 +43,10 @@ from trainsim.validate.devices import (
 from trainsim.validate.profiler import reference_gemm_s
 from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.worker_limits import (
+    check_calls,
     check_memory,
     check_processes,
+    micro_batch_activation_bytes,
     training_memory_bytes,
 )
 
@@ -242,7 +244,10 @@ def run_parallel(model: str, *, dp: int, tp: int, pp: int, micro_batch_size: int
     backend = check_device("sim trace", device, world)
     if device == "cpu":
         check_processes(f"--plan dp={dp},tp={tp},pp={pp}", world)
-    check_memory("--model", spec.name, training_memory_bytes(spec.parameters(), dp, world))
+    steps = (iterations + warmup) * (num_micro_batches or 1)
+    check_calls("sim trace --iterations/--warmup/--micro-batches", steps, "micro-batch steps")
+    check_memory("--model", spec.name, training_memory_bytes(
+        spec.parameters(), dp, world, micro_batch_activation_bytes(spec, micro_batch_size)))
     cfg = {"model": model, "dp": dp, "tp": tp, "pp": pp, "micro_batch_size": micro_batch_size,
            "num_micro_batches": num_micro_batches, "iterations": iterations, "warmup": warmup,
            "out_dir": str(out_dir), "seed": seed, "port": free_port(), "device": device,

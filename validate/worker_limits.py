@@ -13,8 +13,12 @@ minutes. So before spawning we refuse, with one line naming the option and the l
 Adam's two moments: 4 × 4 bytes = 16 bytes (Kingma & Ba, ICLR'15, Alg. 1: m and v per
 parameter; Rajbhandari et al., ZeRO, SC'20 §3.1 count the same states). Every data-parallel
 replica holds the whole model split over its tp × pp workers, so the run holds
-16 × parameters × dp bytes, plus `WORKER_OVERHEAD_BYTES` per process. Activations are left out:
-the estimate is a lower bound, enough to refuse what can never fit.
+16 × parameters × dp bytes, plus `WORKER_OVERHEAD_BYTES` per process, plus one micro-batch's
+saved activations per data-parallel replica (the model graph's own count, which a micro-batch
+of 10^12 samples makes astronomical): a lower bound, enough to refuse what can never fit.
+
+**Work.** Warm-up and measured calls run one after the other; `MAX_CALLS` bounds how many a run
+may ask for (at a millisecond or more each on a CPU, 10^5 calls is minutes; 10^12 is never).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import os
 from pathlib import Path
 
 from trainsim.errors import TraceError
+from trainsim.workloads.model import ModelSpec, build_graph
 
 #: fp32 weight + gradient + Adam m + Adam v (module docstring).
 TRAINING_STATE_BYTES_PER_PARAM: int = 4 * 4
@@ -31,6 +36,24 @@ TRAINING_STATE_BYTES_PER_PARAM: int = 4 * 4
 #: measured with ``resource.getrusage(...).ru_maxrss`` after ``import torch,
 #: torch.distributed``: 218 MiB), rounded up.
 WORKER_OVERHEAD_BYTES: int = 256 * 2**20
+
+
+#: Most timed + warm-up calls (`sim profile`) or micro-batch steps (`sim trace`) one run may
+#: ask for (module docstring).
+MAX_CALLS: int = 100_000
+
+
+def micro_batch_activation_bytes(spec: ModelSpec, micro_batch_size: int) -> float:
+    """Activations one micro-batch of `micro_batch_size` samples saves for its backward (the
+    model graph's count for one sample, times the samples)."""
+    return build_graph(spec, 1).activation_bytes() * micro_batch_size
+
+
+def check_calls(option: str, calls: int, what: str) -> None:
+    """Refuse a run that asks for more than MAX_CALLS sequential calls (`what` names them)."""
+    if calls > MAX_CALLS:
+        raise TraceError(f"{option}: {calls:,} {what} exceed the limit of {MAX_CALLS:,} (at "
+                         f"~1 ms or more each it would not finish); ask for fewer")
 
 
 def cpu_limit() -> int | None:
@@ -72,10 +95,13 @@ def check_processes(option: str, processes: int, *, cpus: int | None = None) -> 
                          f"{limit} CPUs (os.cpu_count()); use at most {limit}")
 
 
-def training_memory_bytes(parameters: float, dp: int, processes: int) -> float:
-    """Lower bound of a run's memory: Adam training state of `dp` model copies plus the
-    per-process overhead (module docstring)."""
-    return TRAINING_STATE_BYTES_PER_PARAM * parameters * dp + WORKER_OVERHEAD_BYTES * processes
+def training_memory_bytes(parameters: float, dp: int, processes: int,
+                          activation_bytes: float = 0.0) -> float:
+    """Lower bound of a run's memory: Adam training state of `dp` model copies, the
+    per-process overhead and `activation_bytes` (one micro-batch's) per replica (module
+    docstring)."""
+    return (TRAINING_STATE_BYTES_PER_PARAM * parameters * dp + WORKER_OVERHEAD_BYTES * processes
+            + activation_bytes * dp)
 
 
 def check_memory(option: str, model: str, need_bytes: float, *,
@@ -93,11 +119,21 @@ def check_memory(option: str, model: str, need_bytes: float, *,
     """
     avail = available_memory_bytes() if available_bytes is None else available_bytes
     if avail is not None and need_bytes > avail:
-        raise TraceError(f"{option} {model}: needs at least {need_bytes / 1e9:.1f} GB (fp32 "
-                         f"weights, gradients and Adam states, 16 B/parameter, plus the "
-                         f"workers) but {avail / 1e9:.1f} GB of memory is available; use a "
-                         f"smaller model")
+        raise TraceError(f"{option} {model}: needs at least {need_bytes / 1e9:.3g} GB (fp32 "
+                         f"weights, gradients and Adam states, 16 B/parameter, a micro-batch's "
+                         f"activations and the workers) but {avail / 1e9:.1f} GB of memory is "
+                         f"available; use a smaller model or micro-batch")
 
 
-__all__ = ["TRAINING_STATE_BYTES_PER_PARAM", "WORKER_OVERHEAD_BYTES", "available_memory_bytes",
-           "check_memory", "check_processes", "cpu_limit", "training_memory_bytes"]
+__all__ = [
+    "MAX_CALLS",
+    "TRAINING_STATE_BYTES_PER_PARAM",
+    "WORKER_OVERHEAD_BYTES",
+    "available_memory_bytes",
+    "check_calls",
+    "check_memory",
+    "check_processes",
+    "cpu_limit",
+    "micro_batch_activation_bytes",
+    "training_memory_bytes",
+]

@@ -43,8 +43,25 @@ def test_memory_estimate_is_16_bytes_per_parameter_per_replica() -> None:
     assert TRAINING_STATE_BYTES_PER_PARAM == 16
     assert training_memory_bytes(1e9, 2, 4) == 32e9 + 4 * WORKER_OVERHEAD_BYTES
     check_memory("--model", "m", 1e9, available_bytes=2 * 10**9)
-    with pytest.raises(TraceError, match=r"--model m: needs at least 3\.0 GB .* 2\.0 GB"):
+    with pytest.raises(TraceError, match=r"--model m: needs at least 3 GB .* 2\.0 GB"):
         check_memory("--model", "m", 3e9, available_bytes=2 * 10**9)
+    assert training_memory_bytes(1e9, 2, 4, 1e6) == 32e9 + 4 * WORKER_OVERHEAD_BYTES + 2e6
+
+
+@pytest.mark.parametrize("argv", [
+    ["profile", "--warmup", "1000000000000"],
+    ["profile", "--micro-batch", "1000000000000"],
+    ["trace", "--micro-batches", "1000000000000"],
+    ["trace", "--micro-batch", "1000000000000"],
+    ["trace", "--iterations", "99999999"],
+])
+def test_work_that_would_not_finish_is_refused_before_spawning(argv, tmp_path, capsys) -> None:
+    """Regression (found by tests/test_fuzz_cli.py): a huge --warmup / --micro-batches ran until
+    killed, a huge --micro-batch died in a worker with a torch allocation error; now one line
+    and exit 2 before any worker starts (the call budget MAX_CALLS, activations in the
+    memory estimate)."""
+    line = _one_error_line(capsys, [*argv, "--out", str(tmp_path / "x")])
+    assert "limit of 100,000" in line or "micro-batch's activations" in line
 
 
 def test_trace_with_more_workers_than_cpus_is_refused(tmp_path, capsys) -> None:
