@@ -429,10 +429,11 @@ def search_files(result: SearchResult, *, model: str, cluster: str) -> dict[str,
 def energy_dag(*, microbatches: int | None, profile: str | Path | None = None,
                gpu: str | None = None, blocking_power_w: float | None = None,
                model: str | ModelSpec | None = None, cluster: str | Cluster | None = None,
-               pp: int = 1, tp: int = 1, dp: int = 1, micro_batch_size: int = 1) -> Any:
+               pp: int = 1, tp: int = 1, dp: int = 1, micro_batch_size: int = 1,
+               calibration: str | Path | Calibration | None = None) -> Any:
     """The instruction DAG the energy planner crashes: from a Perseus profile CSV (`profile`,
     with `gpu` or `blocking_power_w`) or from a model on a cluster under a 1F1B plan, costed
-    by trainsim's DVFS model."""
+    by trainsim's DVFS model (with `calibration`'s coefficients when given)."""
     # deferred: start-up time (the energy planner compiles numba kernels at import)
     from trainsim.search.energy import planner
     path = None if profile is None else Path(profile)
@@ -441,11 +442,15 @@ def energy_dag(*, microbatches: int | None, profile: str | Path | None = None,
     if isinstance(cluster, str) and cluster.startswith(CPU_PREFIX):
         raise SpecError(f"--cluster {cluster}: the energy planner needs GPU clocks and power "
                         f"curves (DVFS); a CPU cluster has none")
+    if calibration is not None and profile is not None:
+        raise SpecError("--calibration applies to model mode (--model, --cluster); a --profile "
+                        "CSV is measured already")
     spec = None if model is None else load_model(model)
     hw = None if cluster is None or model is None else load_cluster(cluster)
+    options = None if calibration is None else calibration_options(calibration)
     return planner.load_dag(microbatches, profile=path, gpu=gpu,
                             blocking_power_w=blocking_power_w, model=spec, cluster=hw, pp=pp,
-                            tp=tp, dp=dp, micro_batch_size=micro_batch_size)
+                            tp=tp, dp=dp, micro_batch_size=micro_batch_size, options=options)
 
 
 def energy_frontier(dag: Any, *, unit_s: float = 1e-3, out: Path | None = None,

@@ -50,6 +50,8 @@ _PP = typer.Option(1, "--pp", help="Pipeline stages (model mode).")
 _TP = typer.Option(1, "--tp", help="Tensor-parallel degree (model mode).")
 _DP = typer.Option(1, "--dp", help="Data-parallel degree (model mode).")
 _MBS = typer.Option(1, "--micro-batch-size", help="Samples per micro-batch (model mode).")
+_CAL = typer.Option(None, "--calibration", help="Calibration file from `sim calibrate` "
+                    "(model mode): its fitted DVFS coefficients replace the catalog's.")
 _UNIT = typer.Option(1e-3, "--unit-s", help="Time quantum of the crashing steps (s); default "
                      "1e-3 (Perseus/Lowtime's 1 ms). The steps grow as 1/unit: a larger unit "
                      "is proportionally faster and coarser.")
@@ -66,10 +68,11 @@ LARGE_WORK: float = 5e7
 
 def _dag(profile: Path | None, microbatches: int | None, gpu: str | None,
          blocking_power_w: float | None, model: str | None, cluster: str | None, pp: int,
-         tp: int, dp: int, micro_batch_size: int) -> Any:
+         tp: int, dp: int, micro_batch_size: int, calibration: Path | None) -> Any:
     return api.energy_dag(microbatches=microbatches, profile=profile, gpu=gpu,
                           blocking_power_w=blocking_power_w, model=model, cluster=cluster,
-                          pp=pp, tp=tp, dp=dp, micro_batch_size=micro_batch_size)
+                          pp=pp, tp=tp, dp=dp, micro_batch_size=micro_batch_size,
+                          calibration=calibration)
 
 
 def _hint(steps: int, nodes: int, unit_s: float) -> str | None:
@@ -108,11 +111,12 @@ def frontier_command(profile: Path = _PROFILE, microbatches: int = _MB, gpu: str
                      blocking_power_w: float = _PB, model: str = _MODEL, cluster: str = _CLUSTER,
                      pp: int = _PP, tp: int = _TP, dp: int = _DP,
                      micro_batch_size: int = _MBS, unit_s: float = _UNIT, out: Path = _OUT,
-                     force: bool = _FORCE, as_json: bool = _JSON) -> None:
+                     force: bool = _FORCE, as_json: bool = _JSON,
+                     calibration: Path = _CAL) -> None:
     """Every frequency plan on the iteration time–energy frontier, with baselines."""
     check_out_dir(out, OUTPUT_FILES, force)
     dag = _dag(profile, microbatches, gpu, blocking_power_w, model, cluster, pp, tp, dp,
-               micro_batch_size)
+               micro_batch_size, calibration)
     with _progress(dag.num_nodes, unit_s) as tick:
         res = api.energy_frontier(dag, unit_s=unit_s, out=out, on_step=tick, model=model,
                                   cluster=cluster)
@@ -154,7 +158,8 @@ def pick_command(straggler: float = typer.Option(None, "--straggler",
                  blocking_power_w: float = _PB, model: str = _MODEL, cluster: str = _CLUSTER,
                  pp: int = _PP, tp: int = _TP, dp: int = _DP,
                  micro_batch_size: int = _MBS, unit_s: float = _UNIT, out: Path = _OUT,
-                 force: bool = _FORCE, as_json: bool = _JSON) -> None:
+                 force: bool = _FORCE, as_json: bool = _JSON,
+                 calibration: Path = _CAL) -> None:
     """The lowest-energy plan that finishes by a straggler's iteration time.
 
     With --straggler-table, also the saving vs all-max at T' = 1.0, 1.1, ..., 1.5 × T_allmax
@@ -165,7 +170,7 @@ def pick_command(straggler: float = typer.Option(None, "--straggler",
         raise api.SpecError("give --straggler (slowdown factor), --deadline-s or "
                             "--straggler-table")
     dag = _dag(profile, microbatches, gpu, blocking_power_w, model, cluster, pp, tp, dp,
-               micro_batch_size)
+               micro_batch_size, calibration)
     with _progress(dag.num_nodes, unit_s) as tick:
         res = api.energy_pick(dag, slowdown=straggler, deadline_s=deadline_s,
                               table=straggler_table, unit_s=unit_s, out=out, on_step=tick)

@@ -60,7 +60,7 @@ from trainsim.search.energy.straggler import (
     pick,
     savings_table,
 )
-from trainsim.workloads.lowering import lower
+from trainsim.workloads.lowering import LoweringOptions, lower
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.plan import ParallelPlan
 
@@ -92,13 +92,14 @@ def check_inputs(*, profile: Path | None, microbatches: int | None, model_given:
 def load_dag(microbatches: int | None, *, profile: Path | None = None, gpu: str | None = None,
              blocking_power_w: float | None = None, model: ModelSpec | None = None,
              cluster: Cluster | None = None, pp: int = 1, tp: int = 1, dp: int = 1,
-             micro_batch_size: int = 1) -> InstructionDag:
+             micro_batch_size: int = 1, options: LoweringOptions | None = None
+             ) -> InstructionDag:
     """The instruction DAG of `microbatches` micro-batches from either input mode.
 
     Profile mode: `profile` (a Perseus CSV) with exactly one of `gpu` (whose idle power is the
     blocking power) and `blocking_power_w`. Model mode: `model` on `cluster` under a 1F1B plan
-    of the given degrees, costed by trainsim's DVFS model; `blocking_power_w` overrides the
-    GPU's idle power.
+    of the given degrees, costed by trainsim's DVFS model (`options`: its lowering options,
+    e.g. a calibrated cost model); `blocking_power_w` overrides the GPU's idle power.
 
     Raises:
         SpecError: the inputs mix or miss a mode (`check_inputs`), or the plan does not suit
@@ -122,7 +123,7 @@ def load_dag(microbatches: int | None, *, profile: Path | None = None, gpu: str 
     elif model is not None and cluster is not None:
         plan = {"pp": pp, "tp": tp, "dp": dp, "micro_batch_size": micro_batch_size,
                 "num_micro_batches": m, "schedule": "1f1b"}
-        prof = profile_from_model(model, cluster, plan)
+        prof = profile_from_model(model, cluster, plan, options=options)
         if blocking_power_w is not None:
             prof = replace(prof, blocking_power_w=float(blocking_power_w))
     else:  # pragma: no cover - check_inputs refused it
@@ -295,18 +296,19 @@ def lowered_plans(dag: InstructionDag, run: FrontierRun) -> LoweredPlans | None:
     spec: ModelSpec = meta["model_spec"]
     hw: Cluster = meta["cluster"]
     plan: ParallelPlan = meta["plan"]
+    options: LoweringOptions | None = meta.get("options")
     top_freq = all_max_freq(dag)
     try:
         extras = LoweredExtras.from_program(
-            dag, lower(spec, hw, frequency_plan(dag, top_freq, plan)))
+            dag, lower(spec, hw, frequency_plan(dag, top_freq, plan), options))
     except SpecError as exc:
         return LoweredPlans(plans={}, note=str(exc))
     fastest = [p.freq_mhz for p in run.frontier.points[::-1][:LOWERED_CANDIDATES]]
     chosen = {"all_max": top_freq, "no_slowdown": no_slowdown(dag, fastest, extras)}
     plans: dict[str, LoweredPlan] = {}
     for key, freq in chosen.items():
-        check, _ = replay_lowered(dag, np.asarray(freq), spec, hw, plan, extras=extras,
-                                  check=False)
+        check, _ = replay_lowered(dag, np.asarray(freq), spec, hw, plan, options=options,
+                                  extras=extras, check=False)
         plans[key] = LoweredPlan(predicted_time_s=check.predicted_time_s,
                                  predicted_energy_j=check.predicted_energy_j,
                                  simulated_time_s=check.replayed_time_s,

@@ -280,4 +280,5 @@ def profile_from_model(model: ModelSpec, cluster: Cluster,
                          metadata={"gpu": first.name, "model": spec.name,
                                    "gpus_per_stage": len(layout.stage_gpu_ranks[0]),
                                    "num_micro_batches": len(layout.micro_batch_shapes),
-                                   "plan": plan, "model_spec": spec, "cluster": hw})
+                                   "plan": plan, "model_spec": spec, "cluster": hw,
+                                   "options": options})

@@ -104,3 +104,30 @@ def test_calibrate_dvfs_fits_the_a40(capsys, tmp_path: Path, shared_subdir) -> N
     assert cal.clock_scaling["A40"].sustained_clock_mhz == pytest.approx(
         catalog.sustained_clock_mhz, rel=0.01)
     assert "A40" in stdout
+
+
+@pytest.mark.slow
+def test_energy_frontier_takes_a_calibration(capsys, tmp_path: Path) -> None:
+    """Model mode: a calibration with the plain 1/f rule (no knee) changes the frontier's
+    intrinsic saving against the catalog's fitted A100 coefficients; all-max time at the top
+    clock stays the same."""
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(Calibration({"A100-SXM4-40GB": ClockScaling()}, {}, {})
+                              .to_json()), encoding="utf-8")
+    base = ["energy", "frontier", "--model", "gpt3-125m", "--cluster", "2xA100-SXM4-40GB",
+            "--pp", "2", "--microbatches", "4", "--unit-s", "0.005", "--json"]
+    out = []
+    for extra in ([], ["--calibration", str(cal)]):
+        code, stdout, err = _run(capsys, *base, *extra)
+        assert code == 0, err
+        out.append(json.loads(stdout))
+    assert out[0]["all_max"] == out[1]["all_max"]
+    assert out[0]["intrinsic"]["saving"] != out[1]["intrinsic"]["saving"]
+
+
+def test_energy_profile_mode_refuses_a_calibration(capsys, tmp_path: Path, shared_subdir) -> None:
+    cal = _calibration(tmp_path, ClockScaling())
+    csv = shared_subdir("perseus/stage_profile") / "gpt3-175b+a40_bf16.csv"
+    code, _, err = _run(capsys, "energy", "frontier", "--profile", str(csv), "--gpu", "A40",
+                        "--microbatches", "4", "--calibration", str(cal))
+    assert code == 2 and "model mode" in err
