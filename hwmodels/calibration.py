@@ -6,7 +6,11 @@
     {"trainsim_calibration": 1,
      "clock_scaling": {"<GPU name>": {<clock_scaling.json record>}, ...},
      "power": {"<GPU name>": {"v_min_ratio": r, "memory_bound_activity": a,
-                              "dynamic_power_max_w": W, "source": "..."}, ...}}
+                              "dynamic_power_max_w": W, "source": "..."}, ...},
+     "gemm_efficiency": {"<GPU name>": {"scale": k, "source": "..."}, ...}}
+
+(`gemm_efficiency`: a factor on the achieved fraction of tensor peak of GEMM-class ops, fitted
+to a stack's measured end-to-end runs; see `RooflineCostModel`.)
 
 GPU names must be in the catalog; every record carries the `source` that says what it was fitted
 to. The catalog's own files (data/clock_scaling.json, data/power.json) hold the same records for
@@ -39,11 +43,14 @@ class Calibration:
     clock_scaling: dict[str, ClockScaling] = field(default_factory=dict)
     power: dict[str, PowerModel] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
-    """'clock_scaling.<gpu>' / 'power.<gpu>' -> what the record was fitted to."""
+    """'clock_scaling.<gpu>' / 'power.<gpu>' / 'gemm_efficiency.<gpu>' -> what the record was
+    fitted to."""
+    gemm_efficiency: dict[str, float] = field(default_factory=dict)
+    """GPU name -> factor on the GEMM efficiency plateau."""
 
     def cost_model(self) -> RooflineCostModel:
         """The roofline cost model with these coefficients."""
-        return RooflineCostModel(self.clock_scaling, self.power)
+        return RooflineCostModel(self.clock_scaling, self.power, self.gemm_efficiency)
 
     def to_json(self) -> dict[str, Any]:
         """The file's content (see module docstring)."""
@@ -56,6 +63,9 @@ class Calibration:
                           "dynamic_power_max_w": p.dynamic_power_max_w,
                           "source": self.sources.get(f"power.{g}", "")}
                       for g, p in sorted(self.power.items())},
+            "gemm_efficiency": {g: {"scale": k,
+                                    "source": self.sources.get(f"gemm_efficiency.{g}", "")}
+                                for g, k in sorted(self.gemm_efficiency.items())},
         }
 
 
@@ -88,11 +98,12 @@ def load_calibration(path: str | Path) -> Calibration:
     if not isinstance(data, dict) or data.get(FORMAT_KEY) != FORMAT_VERSION:
         raise DataFileError(f"{p}: not a trainsim calibration file (needs "
                             f'"{FORMAT_KEY}": {FORMAT_VERSION})')
-    check_keys(str(p), data, (FORMAT_KEY,), ("clock_scaling", "power"))
+    check_keys(str(p), data, (FORMAT_KEY,), ("clock_scaling", "power", "gemm_efficiency"))
     scalings: dict[str, ClockScaling] = {}
     powers: dict[str, PowerModel] = {}
+    gemm: dict[str, float] = {}
     sources: dict[str, str] = {}
-    for section in ("clock_scaling", "power"):
+    for section in ("clock_scaling", "power", "gemm_efficiency"):
         records = data.get(section, {})
         if not isinstance(records, dict):
             raise DataFileError(f"{p}: {section} must be an object of GPU name -> record")
@@ -101,7 +112,15 @@ def load_calibration(path: str | Path) -> Calibration:
             get_gpu(gpu_name)  # unknown GPU names fail here, with suggestions
             if section == "clock_scaling":
                 scalings[gpu_name] = parse_clock_scaling(where, entry)
-            else:
+            elif section == "power":
                 powers[gpu_name] = _power_record(where, gpu_name, entry)
+            else:
+                if not isinstance(entry, dict):
+                    raise DataFileError(f"{where}: must be an object")
+                check_keys(where, entry, ("scale", "source"))
+                scale = number(where, "scale", entry["scale"])
+                if not 0.2 <= scale <= 5.0:
+                    raise DataFileError(f"{where}: scale={scale} must be in [0.2, 5]")
+                gemm[gpu_name] = scale
             sources[f"{section}.{gpu_name}"] = str(entry.get("source", ""))
-    return Calibration(scalings, powers, sources)
+    return Calibration(scalings, powers, sources, gemm)

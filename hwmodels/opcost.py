@@ -162,17 +162,22 @@ class RooflineCostModel:
     """Roofline × efficiency curves + launch overhead, with DVFS and power (module docstring)."""
 
     def __init__(self, clock_scalings: dict[str, ClockScaling] | None = None,
-                 power_models: dict[str, PowerModel] | None = None) -> None:
+                 power_models: dict[str, PowerModel] | None = None,
+                 gemm_efficiency_scales: dict[str, float] | None = None) -> None:
         """Load the efficiency data (shared, cached) and prepare per-GPU lookups lazily.
 
         Args:
             clock_scalings: DVFS time coefficients per GPU name that replace the catalog's
                 (data/clock_scaling.json), e.g. from a calibration file or a fit in progress.
             power_models: power models per GPU name that replace the catalog's (power.json).
+            gemm_efficiency_scales: per GPU name, a factor on the achieved fraction of tensor
+                peak of GEMM-class ops (a calibration of the efficiency plateau to a stack's
+                measured runs; the result is capped at 1).
         """
         self._kind_class, self._class_peak, _, _ = _efficiency_data()
         self._clock_overrides = dict(clock_scalings or {})
         self._power_overrides = dict(power_models or {})
+        self._gemm_scales = dict(gemm_efficiency_scales or {})
         self._per_gpu: dict[str, tuple[dict[str, _Curve], _Curve, float, PowerModel,
                                        ClockScaling]] = {}
 
@@ -218,7 +223,10 @@ class RooflineCostModel:
         sm_bound_s = 0.0
         if flops > 0:
             ideal = flops / peak
-            at_max = ideal / compute_curves[cls](ideal * _US)
+            eff = compute_curves[cls](ideal * _US)
+            if tensor and self._gemm_scales:
+                eff = min(1.0, eff * self._gemm_scales.get(gpu.name, 1.0))
+            at_max = ideal / eff
             if tensor:
                 # the clock-bound share c of a GEMM draws SM power; the rest waits on memory
                 compute_s = at_max * scaling.gemm_factor(f, f_max)

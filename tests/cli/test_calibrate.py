@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from trainsim.cli import main
+from trainsim.errors import DataFileError
 from trainsim.hwmodels.calibration import Calibration, load_calibration
 from trainsim.hwmodels.clock_scaling import ClockScaling, clock_scaling
+from trainsim.hwmodels.gpus import get_gpu
 
 RUN = ["simulate", "--model", "gpt3-125m", "--cluster", "2xA40", "--pp", "2",
        "--global-batch", "8", "--seq-len", "512", "--json"]
@@ -131,3 +133,24 @@ def test_energy_profile_mode_refuses_a_calibration(capsys, tmp_path: Path, share
     code, _, err = _run(capsys, "energy", "frontier", "--profile", str(csv), "--gpu", "A40",
                         "--microbatches", "4", "--calibration", str(cal))
     assert code == 2 and "model mode" in err
+
+
+def test_gemm_efficiency_scale_speeds_up_gemms_only(tmp_path: Path) -> None:
+    """A gemm_efficiency record scales the achieved tensor-core fraction of GEMM-class ops
+    (capped at 1) and leaves element-wise ops alone; out-of-range scales are refused."""
+
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"trainsim_calibration": 1, "gemm_efficiency": {
+        "A100-SXM4-80GB": {"scale": 1.1, "source": "test"}}}), encoding="utf-8")
+    cal = load_calibration(path)
+    gpu = get_gpu("A100-SXM4-80GB")
+    fitted, plain = cal.cost_model(), Calibration().cost_model()
+    g1 = fitted.estimate("matmul", 1e12, 1e8, gpu)
+    g0 = plain.estimate("matmul", 1e12, 1e8, gpu)
+    assert g0.compute_s / g1.compute_s == pytest.approx(1.1)
+    e1 = fitted.estimate("gelu", 1e6, 1e8, gpu)
+    assert e1.time_s == plain.estimate("gelu", 1e6, 1e8, gpu).time_s
+    path.write_text(json.dumps({"trainsim_calibration": 1, "gemm_efficiency": {
+        "A100-SXM4-80GB": {"scale": 50, "source": "test"}}}), encoding="utf-8")
+    with pytest.raises(DataFileError, match="scale=50"):
+        load_calibration(path)

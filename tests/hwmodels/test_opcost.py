@@ -27,7 +27,7 @@ def test_big_gemm_is_compute_bound_at_curve_plateau(name: str) -> None:
     flops, bytes_moved = 2.0 * n**3, 3 * 2.0 * n * n
     est = MODEL.estimate("matmul", flops, bytes_moved, gpu)
     eff = MODEL.compute_efficiency("matmul", flops, gpu)
-    assert est.compute_bound and 0.6 <= eff <= 0.8
+    assert est.compute_bound and 0.6 <= eff <= 0.86  # plateaus: measured MAMF, <= 85.9 %
     assert est.compute_s == pytest.approx(flops / (gpu.peak_flops("fp16") * eff))
     assert est.time_s == pytest.approx(est.compute_s + MODEL.launch_overhead_s(gpu))
 
