@@ -42,6 +42,7 @@ from trainsim.validate.profiler import run_profile
 from trainsim.validate.small_models import get_validation_model, list_validation_models
 from trainsim.validate.trace_record import MeasuredTrace, import_kineto, parse_plan
 from trainsim.validate.trace_record import record_trace as _record_trace
+from trainsim.workloads.framework import apply_framework
 from trainsim.workloads.lowering import LoweringOptions, lower
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.model_summary import model_summary
@@ -208,14 +209,18 @@ def read_plan(path: str | Path) -> PlanFile:
 
 
 def make_plan(model: ModelSpec, cluster: Cluster,
-              plan: ParallelPlan | Mapping[str, Any] | str | Path | None = None,
+              plan: ParallelPlan | Mapping[str, Any] | str | Path | None = None, *,
+              framework: str | None = None, attention: str | None = None,
               **overrides: Any) -> ParallelPlan:
     """A checked ParallelPlan: `plan` (a plan, a dict of its fields, or a saved plan JSON file)
     with the non-None `overrides` applied; with no plan, ParallelPlan's defaults for this model
     and cluster fill what `overrides` leave unset (workloads/plan_defaults.py).
 
     `recompute` may be given as "none" / "selective" / "full" or "op1,op2,...".
+    `framework` / `attention`: the model as that stack trains it (workloads/framework.py),
+    for the defaults that depend on its memory; None keeps the model's own kernel.
     """
+    model = apply_framework(model, framework, attention)
     if isinstance(plan, (str, Path)):
         base: dict[str, Any] | None = read_plan_file(plan).fields
     elif isinstance(plan, ParallelPlan):
@@ -291,7 +296,8 @@ def simulate(model: str | ModelSpec, cluster: str | Cluster,
              engine: str = "numba", options: LoweringOptions | None = None,
              profile: str | Path | ProfiledCostModel | None = None, unfold: bool = False,
              on_progress: Callable[[int, int], None] | None = None,
-             max_tasks: int | None = DEFAULT_MAX_TASKS, **overrides: Any) -> SimResult:
+             max_tasks: int | None = DEFAULT_MAX_TASKS, framework: str | None = None,
+             attention: str | None = None, **overrides: Any) -> SimResult:
     """Simulate one training iteration of `model` on `cluster` under `plan`.
 
     Args:
@@ -306,6 +312,10 @@ def simulate(model: str | ModelSpec, cluster: str | Cluster,
         on_progress: Called as (tasks_done, total) now and then, for progress bars.
         max_tasks: Refuse (SpecError, before lowering) a program estimated larger than this;
             None runs anything.
+        framework: A framework profile (megatron, deepspeed, torchtitan, hf-eager, default;
+            workloads/data/frameworks.yaml) that sets the attention kernel; None keeps the
+            model's own (flash unless its file says eager).
+        attention: "flash" or "eager", overriding the framework's kernel.
         **overrides: Plan fields that override `plan`'s (dp=2, recompute="full", ...).
 
     Returns:
@@ -313,7 +323,7 @@ def simulate(model: str | ModelSpec, cluster: str | Cluster,
     """
     check_engine(engine)
     cost = cost_model_for(cluster, profile)
-    spec = load_model(model)
+    spec = apply_framework(load_model(model), framework, attention)
     hw = load_cluster(cluster, profile=cost)
     check_profile_matches(cost, hw)
     checked = make_plan(spec, hw, plan, **overrides)

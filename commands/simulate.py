@@ -79,6 +79,16 @@ def simulate_command(
                                          help="none, selective, full, or op1,op2,..."),
     zero: int | None = typer.Option(None, "--zero", help="ZeRO stage 0-3."),
     freq_mhz: float | None = typer.Option(None, "--freq-mhz", help="SM clock for every GPU."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Compute precision: fp16, bf16, "
+                                     "fp8 (FP8 linear layers, rest BF16; Hopper), tf32 or fp32 "
+                                     "[default: the plan's, fp16]."),
+    framework: str | None = typer.Option(None, "--framework", help="Framework profile: "
+                                         "megatron, deepspeed, torchtitan, hf-eager or default "
+                                         "(sets the attention kernel; workloads/data/"
+                                         "frameworks.yaml)."),
+    attention: str | None = typer.Option(None, "--attention", help="Attention kernel: flash "
+                                         "(fused, no s² activations) or eager (unfused) "
+                                         "[default: the framework's, flash]."),
     profile: Path | None = typer.Option(None, "--profile", help="Profile database from `sim "
                                         "profile`: measured op costs replace the roofline."),
     engine: str = typer.Option("numba", "--engine",
@@ -123,7 +133,7 @@ def simulate_command(
              "global_batch": global_batch, "seq_len": seq_len, "schedule": schedule,
              "virtual_stages": virtual_stages, "zero": zero, "freq_mhz": freq_mhz,
              "recompute": recompute, "dp_batch_split": _split(dp_batch_split),
-             "overlap_grad_reduce": overlap_grad_reduce}
+             "overlap_grad_reduce": overlap_grad_reduce, "dtype": dtype}
     if saved is not None:
         _print_overrides(saved, model, cluster, given)
     if calibration is not None and profile is not None:
@@ -135,14 +145,15 @@ def simulate_command(
         cost = api.cost_model_for(cluster, profile)
         spec = api.load_model(model)
         hw = api.load_cluster(cluster, profile=cost)
-    plan = api.make_plan(spec, hw, None if saved is None else saved.fields, **given)
+    plan = api.make_plan(spec, hw, None if saved is None else saved.fields, **given,
+                         framework=framework, attention=attention)
     if timeline_rank is not None:
         check_rank(timeline_rank, plan.gpus)
     if trace_selection is not None:
         trace_selection.check(plan.gpus, plan.pp)
     with _progress_bar(console) as on_progress:
         result = api.simulate(spec, hw, plan, engine=engine, profile=cost, unfold=unfold,
-                              options=options,
+                              options=options, framework=framework, attention=attention,
                               on_progress=on_progress, max_tasks=max_tasks)
     if save_plan:
         api.save_plan(plan, save_plan, model=model, cluster=cluster)

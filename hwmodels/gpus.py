@@ -19,7 +19,7 @@ from functools import cache
 from types import MappingProxyType
 from typing import Any
 
-from trainsim.errors import DataFileError, unknown_name
+from trainsim.errors import DataFileError, UnknownNameError, unknown_name
 from trainsim.hwmodels.datafiles import (
     GB_BYTES,
     GIB_BYTES,
@@ -31,8 +31,10 @@ from trainsim.hwmodels.datafiles import (
     unknown,
 )
 
-DTYPES: tuple[str, ...] = ("fp16", "bf16", "tf32", "fp32")
-"""Data types the catalog knows; a GPU lists the subset it runs natively."""
+DTYPES: tuple[str, ...] = ("fp16", "bf16", "tf32", "fp32", "fp8")
+"""Data types the catalog knows; a GPU lists the subset it runs natively. fp16, bf16, tf32 and
+fp8 are tensor-core peaks (fp8: Hopper's FP8 tensor cores, E4M3/E5M2 inputs); fp32 is the CUDA
+cores' (no tensor cores)."""
 
 _FILE = "gpus.json"
 _REQUIRED = (
@@ -63,7 +65,8 @@ class GpuSpec:
     sm_count: int
     """Streaming multiprocessors enabled on this product."""
     flops_per_clock_per_sm: Mapping[str, float] = field(hash=False)
-    """Dense FLOP per clock per SM by dtype (tensor cores for fp16/bf16/tf32, CUDA cores for fp32)."""
+    """Dense FLOP per clock per SM by dtype (tensor cores for fp16/bf16/tf32/fp8, CUDA cores for
+    fp32)."""
     datasheet_tflops: Mapping[str, float] = field(hash=False)
     """Vendor's dense peak by dtype, TFLOP/s, for cross-checking `peak_flops`."""
     datasheet_clock_mhz: Mapping[str, float] = field(hash=False)
@@ -131,10 +134,15 @@ class GpuSpec:
             freq_mhz: SM clock; default the boost clock.
 
         Raises:
-            UnknownNameError: the GPU has no native path for `dtype` (e.g. bf16 on V100).
+            UnknownNameError: the GPU has no native path for `dtype` (e.g. bf16 on V100, fp8 on
+                A100).
         """
         per_sm = self.flops_per_clock_per_sm.get(dtype)
         if per_sm is None:
+            if dtype in DTYPES:
+                raise UnknownNameError(
+                    f"dtype={dtype!r} is not supported by {self.name} ({self.architecture} has "
+                    f"no {dtype} tensor-core path); use one of {', '.join(self.dtypes)}")
             raise unknown_name(f"dtype on {self.name}", dtype, self.dtypes)
         f_mhz = self.boost_clock_mhz if freq_mhz is None else freq_mhz
         return self.sm_count * per_sm * f_mhz * MHZ_HZ

@@ -29,7 +29,16 @@ FAMILIES = ("gpt", "llama", "t5", "bert", "moe", "wresnet")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("gelu", "relu", "swiglu", "geglu")
 POSITION_EMBEDDINGS = ("learned", "rotary", "relative", "none")
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "fp8": 2}
+"""Bytes per saved activation element by training precision. tf32 keeps fp32 storage (TF32 is
+a tensor-core math mode on fp32 tensors); fp8 runs the linear layers' GEMMs in FP8 but keeps
+activations in BF16 (torchao's Float8Linear saves its high-precision input for the backward,
+``matmul_with_hp_or_float8_args.forward``), hence 2."""
+ATTENTION_KERNELS = ("flash", "eager")
+"""How the attention core runs: "flash", one fused kernel that keeps no s×s tensor
+(FlashAttention-2, Dao 2023; PyTorch SDPA's flash / memory-efficient backends), or "eager",
+separate QKᵀ, softmax, dropout and PV kernels whose s×s outputs are saved (Korthikanti et al.
+2022). Every modern stack defaults to flash (workloads/data/frameworks.yaml)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,7 +80,11 @@ class ModelSpec:
     tied_embeddings: bool = True
     """Whether the LM head reuses the word embedding matrix."""
     dtype: str = "fp16"
-    """Training precision of activations: "fp16", "bf16" or "fp32"."""
+    """Training precision of activations: "fp16", "bf16", "fp32", "tf32" or "fp8" (bytes per
+    saved element: `DTYPE_BYTES`)."""
+    attention: str = "flash"
+    """Attention kernel: "flash" (fused, no s² activations) or "eager" (`ATTENTION_KERNELS`);
+    a framework profile (workloads/framework.py) sets it."""
     type_vocab_size: int = 0
     """BERT token-type embeddings (2 for BERT)."""
     pooler: bool = False
@@ -111,6 +124,8 @@ class ModelSpec:
             raise bad("family", f"is not one of {', '.join(FAMILIES)}")
         if self.dtype not in DTYPE_BYTES:
             raise bad("dtype", f"is not one of {', '.join(DTYPE_BYTES)}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise bad("attention", f"is not one of {', '.join(ATTENTION_KERNELS)}")
         if self.family == "wresnet":
             if not self.blocks or any(b < 1 for b in self.blocks):
                 raise bad("blocks", "must list >= 1 block per stage")
@@ -263,13 +278,16 @@ class ModelGraph:
 
         With `matmul_only` and a GPT model this is Narayanan et al. 2021, eq. (3): with full
         recompute 96·B·s·l·h²·(1 + s/6h + V/16lh), without 72·B·s·l·h²·(1 + s/6h + V/12lh).
+        These are model FLOPs: a fused attention core counts its backward as 2x forward
+        (`Op.model_bwd_flops`), whatever the kernel recomputes inside, so the count (and MFU)
+        does not depend on the attention kernel.
         """
         if recompute not in RECOMPUTE_POLICIES:
             raise ValueError(f"recompute={recompute!r} is not one of {RECOMPUTE_POLICIES}")
 
         def layer_flops(layer: Layer) -> float:
             ops = [op for op in layer.ops if op.is_matmul or not matmul_only]
-            total = sum(op.fwd_flops + op.bwd_flops for op in ops)
+            total = sum(op.fwd_flops + op.model_bwd_flops for op in ops)
             if recompute == "full" and layer.recomputable:
                 total += sum(op.fwd_flops for op in ops)
             elif recompute == "selective":
@@ -335,5 +353,5 @@ _BUILDERS: dict[str, Callable[..., tuple[Layer, ...]]] = {
     "moe": build_moe, "wresnet": build_wide_resnet}
 """Layer builder of each family (FAMILIES)."""
 
-__all__ = ["ACTIVATIONS", "DTYPE_BYTES", "FAMILIES", "NORMS", "POSITION_EMBEDDINGS",
+__all__ = ["ACTIVATIONS", "ATTENTION_KERNELS", "DTYPE_BYTES", "FAMILIES", "NORMS", "POSITION_EMBEDDINGS",
            "TOKEN_ID_BYTES", "Layer", "LayerCosts", "ModelGraph", "ModelSpec", "build_graph"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainsim.workloads.model import Layer
-from trainsim.workloads.ops import CommNeed, Op
+from trainsim.workloads.ops import CommNeed, Op, flops_per_element
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,11 +72,51 @@ class InstructionCosts:
     reduced over the stage's data-parallel groups of that degree (workloads/op_parallel.py)."""
 
 
+FP8_CAST_BYTES_PER_ELEMENT = 5.0
+"""Device-memory bytes of one dynamic (tensorwise) cast of a BF16 element to FP8: a pass that
+reads it for the tensor's absolute maximum (2 bytes), then a pass that reads it again, scales
+and writes the FP8 value (2 + 1 bytes) -- torchao's ``hp_tensor_to_float8_dynamic``
+(``tensor_to_scale`` then ``to_float8``); torch.compile may fuse the passes (not modelled)."""
+
+
+def op_dtype(op: Op, dtype: str) -> str:
+    """The precision `op` runs at under the plan's `dtype`: under "fp8" only the linear layers
+    marked `Op.fp8` run in FP8 (torchao Float8Linear / Transformer Engine); the attention core,
+    the LM head and everything else run in BF16."""
+    if dtype == "fp8" and not op.fp8:
+        return "bf16"
+    return dtype
+
+
+def fp8_cast_elements(op: Op) -> tuple[float, float, float]:
+    """Elements an FP8 linear layer casts to FP8: (forward, input-grad, weight-grad) passes.
+
+    torchao's ``matmul_with_hp_or_float8_args`` saves the BF16 input and weight and casts in
+    every GEMM that needs them: forward casts the input (m·k) and weight (k·n); the input
+    gradient casts the output gradient (m·n) and the weight again; the weight gradient casts the
+    input again (the output gradient's cast is shared)."""
+    if not op.fp8 or op.shape is None or len(op.shape) != 3:
+        return 0.0, 0.0, 0.0
+    m, n, k = op.shape
+    return float(m * k + k * n), float(m * n + k * n), float(m * k)
+
+
 def _op_work(cost_model: Any, gpu: Any, op: Op, flops: float, nbytes: float,
              freq_mhz: float | None, dtype: str) -> Work:
     if flops <= 0 and nbytes <= 0:
         return Work()
-    est = cost_model.estimate(op.kind, flops, nbytes, gpu, freq_mhz, dtype, op.shape)
+    est = cost_model.estimate(op.kind, flops, nbytes, gpu, freq_mhz, op_dtype(op, dtype),
+                              op.shape)
+    return Work(time_s=est.time_s, energy_j=est.time_s * est.power_w)
+
+
+def _cast_work(cost_model: Any, gpu: Any, elements: float, freq_mhz: float | None) -> Work:
+    """One FP8 cast kernel over `elements` BF16 elements (memory-bound, `elementwise`)."""
+    if elements <= 0:
+        return Work()
+    est = cost_model.estimate("elementwise", elements * flops_per_element("elementwise"),
+                              elements * FP8_CAST_BYTES_PER_ELEMENT, gpu, freq_mhz, "bf16",
+                              (int(elements),))
     return Work(time_s=est.time_s, energy_j=est.time_s * est.power_w)
 
 
@@ -96,17 +136,25 @@ def op_pass_work(cost_model: Any, gpu: Any, op: Op, freq_mhz: float | None, dtyp
     """(forward, backward, input-grad, weight-grad) work of one op on one GPU.
 
     A GEMM's backward is two kernels of its forward size (`_weight_share`), costed apart, so
-    backward = input-grad + weight-grad exactly; other ops have no weight-grad part.
+    backward = input-grad + weight-grad exactly; other ops have no weight-grad part. Under an
+    "fp8" plan the FP8 linear layers add their casts to each pass (`fp8_cast_elements`) and
+    the other ops run in BF16 (`op_dtype`).
     """
     f = _op_work(cost_model, gpu, op, op.fwd_flops, op.fwd_bytes, freq_mhz, dtype)
+    cast_f = cast_i = cast_w = Work()
+    if dtype == "fp8" and op.fp8:
+        ef, ei, ew = fp8_cast_elements(op)
+        cast_f, cast_i, cast_w = (_cast_work(cost_model, gpu, e, freq_mhz) for e in (ef, ei, ew))
+        f = f + cast_f
     share = _weight_share(op)
     if share <= 0:
         b = _op_work(cost_model, gpu, op, op.bwd_flops, op.bwd_bytes, freq_mhz, dtype)
+        b = b + cast_i + cast_w
         return f, b, b, Work()
     w = _op_work(cost_model, gpu, op, op.bwd_flops * share, op.bwd_bytes * share, freq_mhz,
-                 dtype)
+                 dtype) + cast_w
     i = _op_work(cost_model, gpu, op, op.bwd_flops * (1 - share), op.bwd_bytes * (1 - share),
-                 freq_mhz, dtype)
+                 freq_mhz, dtype) + cast_i
     return f, i + w, i, w
 
 

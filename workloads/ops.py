@@ -35,11 +35,14 @@ OP_KINDS = frozenset(
     {
         "matmul", "attention_score", "attention_context", "softmax", "layernorm", "rmsnorm",
         "gelu", "swiglu", "dropout", "elementwise", "embedding", "cross_entropy", "conv2d",
-        "batchnorm", "pool", "router",
+        "batchnorm", "pool", "router", "flash_attention",
     }
 )
-MATMUL_KINDS = frozenset({"matmul", "attention_score", "attention_context", "conv2d", "router"})
-"""Op kinds whose FLOPs are GEMMs (or convolutions); Megatron's model-FLOPs count only these."""
+MATMUL_KINDS = frozenset({"matmul", "attention_score", "attention_context", "conv2d", "router",
+                          "flash_attention"})
+"""Op kinds whose FLOPs are GEMMs (or convolutions); Megatron's model-FLOPs count only these.
+``flash_attention`` is the fused attention core (FlashAttention-2 / PyTorch SDPA): its FLOPs
+are the two attention GEMMs QKᵀ and PV (transformer_block.flash_attention_op)."""
 
 RECOMPUTE_POLICIES = ("none", "selective", "full")
 
@@ -131,6 +134,11 @@ class Op:
     shape: tuple[int, ...] | None = None
     """Kernel shape for the cost model: matmul (m, n, k); batched matmul (batch, m, n, k);
     conv2d (N, C_in, H, W, C_out, kernel, stride); elementwise (elements,)."""
+    fp8: bool = False
+    """Whether FP8 training recipes run this GEMM in FP8 when the plan's dtype is "fp8": the
+    linear layers of the blocks (torchao Float8Linear swaps every ``nn.Linear`` but the output
+    layer; Transformer Engine's ``te.Linear`` likewise). The attention core, the LM head and
+    every non-GEMM op stay in BF16 (op_work.op_pass_work)."""
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
@@ -143,6 +151,16 @@ class Op:
             raise ValueError(f"Op {self.name!r}: selective_kept_bytes exceeds activation_bytes")
         if not self.shardings:
             raise ValueError(f"Op {self.name!r}: needs at least one sharding option")
+
+    @property
+    def model_bwd_flops(self) -> float:
+        """Backward FLOPs a model-FLOPs count (MFU) includes: 2x forward for the fused
+        attention core, whose `bwd_flops` (2.5x) also hold its in-kernel recompute of QKᵀ
+        (Dao 2023 §4.1) -- rematerialisation, which MFU leaves out (Chowdhery et al. 2022,
+        App. B); `bwd_flops` for every other op."""
+        if self.kind == "flash_attention":
+            return 2.0 * self.fwd_flops
+        return self.bwd_flops
 
     @property
     def is_matmul(self) -> bool:
@@ -309,8 +327,11 @@ def flops_per_element(key: str) -> float:
 
 def matmul_op(name: str, *, m: int, n: int, k: int, dtype_bytes: int, bias: bool,
               shardings: tuple[Sharding, ...], activation_bytes: float | None = None,
-              params: int | None = None, kind: str = "matmul") -> Op:
-    """A GEMM [m, k] x [k, n]: 2mnk forward FLOPs, 2x that backward; saves its input."""
+              params: int | None = None, kind: str = "matmul", fp8: bool | None = None) -> Op:
+    """A GEMM [m, k] x [k, n]: 2mnk forward FLOPs, 2x that backward; saves its input.
+
+    `fp8` (default: True for kind "matmul") marks a linear layer that FP8 recipes run in FP8.
+    """
     fwd_flops = 2.0 * m * n * k
     fwd_bytes = dtype_bytes * (m * k + k * n + m * n)
     return Op(
@@ -319,6 +340,7 @@ def matmul_op(name: str, *, m: int, n: int, k: int, dtype_bytes: int, bias: bool
         params=(k * n + (n if bias else 0)) if params is None else params,
         activation_bytes=dtype_bytes * m * k if activation_bytes is None else activation_bytes,
         output_bytes=dtype_bytes * m * n, shardings=shardings, shape=(m, n, k),
+        fp8=(kind == "matmul") if fp8 is None else fp8,
     )
 
 

@@ -181,8 +181,8 @@ class ParallelPlan:
             raise PlanError("plan.recompute is an empty op list; use 'none' instead")
         if self.zero not in (0, 1, 2, 3):
             raise PlanError(f"plan.zero={self.zero!r} must be 0, 1, 2 or 3")
-        if self.dtype not in ("fp16", "bf16", "fp32"):
-            raise PlanError(f"plan.dtype={self.dtype!r} must be fp16, bf16 or fp32")
+        if self.dtype not in ("fp16", "bf16", "fp32", "tf32", "fp8"):
+            raise PlanError(f"plan.dtype={self.dtype!r} must be fp16, bf16, fp32, tf32 or fp8")
         if self.virtual_stages > 1 and self.schedule not in ("interleaved", "explicit") \
                 and not self.schedule.startswith("torch:"):
             raise PlanError(f"plan.virtual_stages={self.virtual_stages} needs schedule "

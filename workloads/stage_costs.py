@@ -134,10 +134,11 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
 def optimizer_bytes_per_param(dtype: str) -> tuple[float, float, float]:
     """(weight, gradient, optimizer-state) bytes per parameter for Adam training.
 
-    Mixed precision (fp16/bf16): 2 + 2 + 12 (fp32 master weights, momentum, variance;
-    Rajbhandari et al. 2020, ZeRO §3.1). fp32: 4 + 4 + 8 (momentum, variance).
+    Mixed precision (fp16/bf16, and fp8, whose weights stay bf16): 2 + 2 + 12 (fp32 master
+    weights, momentum, variance; Rajbhandari et al. 2020, ZeRO §3.1). fp32 and tf32 (fp32
+    storage, tf32 only inside the tensor cores): 4 + 4 + 8 (momentum, variance).
     """
-    if dtype == "fp32":
+    if dtype in ("fp32", "tf32"):
         return 4.0, 4.0, 8.0
     return 2.0, 2.0, 12.0
 

@@ -10,8 +10,14 @@ s·b·h·(34 + 5·a·s/h) bytes in fp16 —
 * MLP 19·sbh: input 2sbh, GeLU input 8sbh, second GEMM input 8sbh, dropout mask sbh;
 * two layernorms 4·sbh.
 
+That is the "eager" attention kernel (`ModelSpec.attention`). The default, "flash", is one fused
+kernel (FlashAttention-2, Dao 2023, arXiv:2307.08691; PyTorch SDPA's flash / memory-efficient
+backends) that saves only Q, K, V, its output and the per-row logsumexp, so no s² term remains:
+attention saves 11·sbh + 4·a·s·b (the fp32 logsumexp) and a GPT block s·b·h·34 + 4·a·s·b
+(`flash_attention_op`).
+
 Ops are listed in execution order of a pre-norm block; a post-norm block (BERT) has the same ops
-and costs. FlashAttention-style kernels (no s² tensors) are not modelled.
+and costs.
 """
 
 from __future__ import annotations
@@ -41,6 +47,51 @@ FP32_BYTES = 4
 """Megatron computes the (vocab-parallel) cross entropy on fp32 logits."""
 CE_REDUCTIONS = 3
 """Vocab-parallel cross entropy all-reduces three per-token scalars: max, sum of exp, target."""
+FLASH_BACKWARD_FACTOR = 2.5
+"""FlashAttention-2's backward runs five GEMMs (recomputed S = QKᵀ, dV, dP, dQ, dK) against the
+forward's two, so 2.5x the forward FLOPs (Dao 2023, arXiv:2307.08691, §4.1, which counts
+backward FLOPs this way)."""
+LSE_BYTES = 4
+"""The per-row logsumexp FlashAttention keeps for the backward is fp32 (Dao 2023, Alg. 1-2:
+L = m + log(l), one value per query row and head)."""
+
+
+def flash_attention_op(name: str, spec: ModelSpec, b: int, s_q: int, s_kv: int) -> Op:
+    """The fused attention core of FlashAttention-2 / SDPA (Dao 2023, arXiv:2307.08691).
+
+    One kernel computes softmax(QKᵀ/√d)·V tile by tile in on-chip memory, so the s_q×s_kv
+    scores, probabilities and dropout mask never reach device memory (dropout is regenerated
+    from the RNG state in the backward). For the backward it keeps Q, K, V, its output O and
+    the per-row logsumexp L (b·a·s_q fp32 values); the backward recomputes the scores.
+
+    * FLOPs: forward the two attention GEMMs, 4·b·a·s_q·s_kv·d (as the eager score + context);
+      backward `FLASH_BACKWARD_FACTOR` (2.5) times that.
+    * Saved bytes: Q, K, V and L. O is the input of the output projection, which saves it
+      already (the same storage: Transformer Engine and torchtitan hand the kernel's output to
+      the projection without a copy), so it is not counted twice.
+    * Bytes moved: Q, K, V read and O, L written once (the kernel's minimum; re-reads of K and V
+      per query tile are on-chip traffic for the head widths used here); the backward reads Q,
+      K, V, O, dO and L and writes dQ, dK, dV.
+    * Cost: a batched GEMM (efficiency class of attention_score) over shape
+      (b·a, s_q, s_kv, d), split by heads under tensor parallelism.
+    * Selective recompute (Korthikanti et al. 2022 §5) re-runs the kernel and keeps Q, K, V.
+    """
+    B = spec.dtype_bytes
+    a, d, k = spec.num_heads, int(spec.head_dim or 0), int(spec.num_kv_heads or 0)
+    q_bytes = B * b * s_q * a * d
+    kv_bytes = 2.0 * B * b * s_kv * k * d
+    o_bytes = B * b * s_q * a * d
+    lse_bytes = LSE_BYTES * b * a * s_q
+    fwd_flops = 4.0 * b * a * s_q * s_kv * d
+    return Op(
+        name=name, kind="flash_attention", fwd_flops=fwd_flops,
+        bwd_flops=FLASH_BACKWARD_FACTOR * fwd_flops,
+        fwd_bytes=q_bytes + kv_bytes + o_bytes + lse_bytes,
+        bwd_bytes=2.0 * (q_bytes + kv_bytes) + 2.0 * o_bytes + lse_bytes,
+        params=0, activation_bytes=q_bytes + kv_bytes + lse_bytes, output_bytes=o_bytes,
+        selective_recompute=True, selective_kept_bytes=q_bytes + kv_bytes,
+        shardings=heads_shardings(), shape=(b * a, s_q, s_kv, d),
+    )
 
 
 def norm_op(name: str, spec: ModelSpec, tokens: int, width: int | None = None) -> Op:
@@ -70,8 +121,9 @@ def attention_ops(prefix: str, spec: ModelSpec, b: int, s_q: int, s_kv: int | No
                   ) -> tuple[Op, ...]:
     """Self attention (`s_kv` None) or cross attention over `s_kv` encoder positions.
 
-    The attention core (QKᵀ, softmax, softmax dropout, attention over V) is split by heads and
-    flagged for selective recompute, which keeps its inputs Q, K, V (Korthikanti et al. 2022 §5).
+    The attention core (QKᵀ, softmax, softmax dropout, attention over V; or one fused
+    `flash_attention_op` when `spec.attention` is "flash") is split by heads and flagged for
+    selective recompute, which keeps its inputs Q, K, V (Korthikanti et al. 2022 §5).
     """
     cross = s_kv is not None
     s_kv = s_q if s_kv is None else s_kv
@@ -95,6 +147,12 @@ def attention_ops(prefix: str, spec: ModelSpec, b: int, s_q: int, s_kv: int | No
         ops.append(elementwise_op(f"{prefix}.rotary", kind="elementwise", flops_key="rotary",
                                   elements=t_q * (h_q + h_kv), dtype_bytes=B,
                                   shardings=heads_shardings()))
+    if spec.attention == "flash":
+        ops.append(flash_attention_op(f"{prefix}.flash", spec, b, s_q, s_kv))
+        ops.append(matmul_op(f"{prefix}.proj", m=t_q, n=h, k=h_q, dtype_bytes=B, bias=spec.bias,
+                             shardings=row_shardings(B * t_q * h)))
+        ops.append(residual_op(f"{prefix}.residual", spec, t_q))
+        return tuple(ops)
     probs = b * a * s_q * s_kv
     qk_bytes = B * (t_q * h_q + t_kv * h_kv)
     score_flops = 2.0 * probs * d
@@ -217,8 +275,9 @@ def lm_head_ops(spec: ModelSpec, tokens: int, *, prefix: str = "lm_head",
     """
     B, h, V = spec.dtype_bytes, spec.hidden, spec.vocab_size
     params = (V if bias else 0) + (0 if spec.tied_embeddings else V * h)
+    # FP8 recipes keep the output layer in BF16 (torchtitan's Float8 converter skips "output")
     proj = matmul_op(prefix, m=tokens, n=V, k=h, dtype_bytes=B, bias=False, params=params,
-                     shardings=column_shardings(B * tokens * h))
+                     shardings=column_shardings(B * tokens * h), fp8=False)
     ce_shardings = (Sharding(
         name="column", splits_activations=True, split_dim=0,
         comm=(CommNeed(phase="fwd", collective="all_reduce",

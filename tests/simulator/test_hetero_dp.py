@@ -27,11 +27,15 @@ def _figures(model: str, cluster: str, **plan: object) -> tuple[float, float, fl
 # ---------------------------------------------------------------- order does not matter
 def test_readme_example_gives_the_same_time_in_both_cluster_orders() -> None:
     """`--dp 12 --pp 1 --global-batch 96` on the README's A100+A10 cluster: each replica runs at
-    its own speed, so both orders take the A10 replicas' time (3.78 s before this change in the
-    A10-first order; the A100-first order printed an optimistic 1.93 s)."""
+    its own speed, so both orders take the A10 replicas' time (before this change the
+    A100-first order printed an optimistic 1.93 s against 3.78 s A10-first): at least the time
+    of the A10s alone with the same 8 samples per replica, and not far above it (the reduction
+    spans both node groups)."""
     a, b = (_figures("gpt3-1.3b", c, dp=12, pp=1, global_batch=96) for c in README_MIXED)
     assert a == b
-    assert 3.7 < a[0] < 3.9
+    a10_alone = _figures("gpt3-1.3b", "1x4xA10", dp=4, pp=1, global_batch=32)[0]
+    assert a10_alone <= a[0] < 1.3 * a10_alone  # 3.31 s against 2.75 s: the last buckets
+    # cross the two nodes' network instead of the A10 node's PCIe
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from trainsim.workloads.model import build_graph
@@ -12,7 +14,9 @@ CASES = [("gpt3-1.3b", 1, 2048), ("aceso-gpt-1.3b", 4, 1024), ("gpt3-175b", 1, 2
 
 
 def _block(name: str, b: int, s: int):
-    spec = get_model(name)
+    # Korthikanti et al. 2022 count unfused attention (s² softmax/dropout tensors kept): the
+    # "eager" kernel; flash attention is tested in test_attention_kernel.py
+    spec = dataclasses.replace(get_model(name), attention="eager")
     graph = build_graph(spec, micro_batch_size=b, seq_len=s)
     return spec, graph.layers[1]
 

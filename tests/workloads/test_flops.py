@@ -111,7 +111,7 @@ def test_t5_decoder_has_cross_attention_over_encoder_length() -> None:
     """T5 decoder blocks attend over the 2048 encoder positions from 512 decoder positions."""
     graph = build_graph(get_model("t5-770m"))
     decoder = next(layer for layer in graph.layers if layer.kind == "decoder")
-    score = next(op for op in decoder.ops if op.name == "cross.score")
-    assert score.shape == (16, 512, 2048, 64)
-    assert score.fwd_flops == 2 * 16 * 512 * 2048 * 64
+    core = next(op for op in decoder.ops if op.name == "cross.flash")
+    assert core.shape == (16, 512, 2048, 64)
+    assert core.fwd_flops == 4 * 16 * 512 * 2048 * 64  # QKᵀ and PV
     assert decoder.side_input_bytes == 2 * 2048 * 1024

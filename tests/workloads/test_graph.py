@@ -48,9 +48,13 @@ def test_every_zoo_model_builds(name: str) -> None:
 
 
 def test_selective_ops_are_attention_core() -> None:
-    """Selective recompute flags exactly QKᵀ, softmax, softmax dropout and attention·V."""
-    block = build_graph(get_model("gpt3-1.3b")).layers[1]
-    assert [op.name for op in block.ops if op.selective_recompute] == [
+    """Selective recompute flags exactly the attention core: the fused flash kernel (default),
+    or QKᵀ, softmax, softmax dropout and attention·V with the eager kernel."""
+    spec = get_model("gpt3-1.3b")
+    block = build_graph(spec).layers[1]
+    assert [op.name for op in block.ops if op.selective_recompute] == ["attn.flash"]
+    eager = build_graph(dataclasses.replace(spec, attention="eager")).layers[1]
+    assert [op.name for op in eager.ops if op.selective_recompute] == [
         "attn.score", "attn.softmax", "attn.attn_dropout", "attn.context"]
 
 

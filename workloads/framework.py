@@ -1,0 +1,159 @@
+"""Framework profiles: how a training stack runs a model's kernels, from data/frameworks.yaml.
+
+A `FrameworkProfile` (megatron, deepspeed, torchtitan, hf-eager, default) says which attention
+kernel the stack runs (`ModelSpec.attention`: "flash" or "eager") and which fused kernels it
+uses, each value with its source. `apply_framework(spec, framework, attention)` returns the
+model as that stack trains it: the profile's attention kernel unless `attention` overrides it.
+The lowering sees the result through the `ModelSpec` it builds the graph from.
+
+Fusion facts are recorded, not applied: the op graph already models Megatron-LM's fused
+kernels (workloads/transformer_block.py), and no profile here departs from them in a way the
+graph could express with a citable number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from trainsim.errors import DataFileError, SpecError, unknown_name
+from trainsim.workloads.model import ATTENTION_KERNELS, ModelSpec
+
+_FILE = "data/frameworks.yaml"
+_WHERE = f"workloads/{_FILE}"
+DEFAULT_FRAMEWORK = "default"
+FUSIONS = ("masked_softmax", "bias_gelu", "bias_dropout_add", "layernorm")
+"""Fused kernels a profile may record (Megatron-LM's --no-*-fusion flags and fused layernorm)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sourced:
+    """One value of a profile and where it comes from ("assumed: ..." where not cited)."""
+
+    value: Any
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FrameworkProfile:
+    """One training stack's kernel choices."""
+
+    name: str
+    description: str
+    attention: Sourced
+    """Attention kernel: "flash" or "eager" (`ModelSpec.attention`)."""
+    fusions: Mapping[str, Sourced] = field(default_factory=dict, hash=False)
+    """Fused kernels the stack runs by default (recorded facts; see the module docstring)."""
+
+
+def _sourced(where: str, raw: object, check: tuple[Any, ...] | type) -> Sourced:
+    if not isinstance(raw, Mapping) or set(raw) != {"value", "source"}:
+        raise DataFileError(f"{where}: must be a mapping with exactly 'value' and 'source'")
+    source = raw["source"]
+    if not isinstance(source, str) or not source.strip():
+        raise DataFileError(f"{where}.source: must be a non-empty string (a citation, or "
+                            f"'assumed: ...')")
+    value = raw["value"]
+    if isinstance(check, tuple):
+        if value not in check:
+            raise DataFileError(f"{where}.value={value!r} is not one of {', '.join(check)}")
+    elif not isinstance(value, check):
+        raise DataFileError(f"{where}.value={value!r} must be a {check.__name__}")
+    return Sourced(value=value, source=source)
+
+
+def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProfile]:
+    """Validate a frameworks.yaml document; errors are one line naming the field."""
+    if not isinstance(data, Mapping) or set(data) != {"profiles"}:
+        raise DataFileError(f"{where}: must have exactly one top-level key 'profiles'")
+    profiles = data["profiles"]
+    if not isinstance(profiles, Mapping) or not profiles:
+        raise DataFileError(f"{where}: profiles must map profile names to their fields")
+    out: dict[str, FrameworkProfile] = {}
+    for name, raw in profiles.items():
+        at = f"{where}: profiles.{name}"
+        if not isinstance(raw, Mapping):
+            raise DataFileError(f"{at}: must be a mapping of fields")
+        unknown = sorted(set(raw) - {"description", "attention", "fusions"})
+        if unknown:
+            raise DataFileError(f"{at}: unknown field {unknown[0]!r} (valid: attention, "
+                                f"description, fusions)")
+        if "attention" not in raw:
+            raise DataFileError(f"{at}: misses field 'attention'")
+        fusions_raw = raw.get("fusions") or {}
+        if not isinstance(fusions_raw, Mapping):
+            raise DataFileError(f"{at}.fusions: must map fusion names to value/source")
+        fusions = {}
+        for key, entry in fusions_raw.items():
+            if key not in FUSIONS:
+                raise DataFileError(f"{at}.fusions.{key}: unknown fusion (valid: "
+                                    f"{', '.join(FUSIONS)})")
+            fusions[str(key)] = _sourced(f"{at}.fusions.{key}", entry, bool)
+        out[str(name).lower()] = FrameworkProfile(
+            name=str(name).lower(), description=str(raw.get("description", "")),
+            attention=_sourced(f"{at}.attention", raw["attention"], ATTENTION_KERNELS),
+            fusions=MappingProxyType(fusions))
+    if DEFAULT_FRAMEWORK not in out:
+        raise DataFileError(f"{where}: profiles misses the '{DEFAULT_FRAMEWORK}' profile")
+    return out
+
+
+@functools.cache
+def _profiles() -> dict[str, FrameworkProfile]:
+    text = resources.files("trainsim.workloads").joinpath(_FILE).read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise DataFileError(f"{_WHERE}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    return parse_profiles(data)
+
+
+def list_frameworks() -> list[str]:
+    """Names of the framework profiles, in file order."""
+    return list(_profiles())
+
+
+def get_framework(name: str) -> FrameworkProfile:
+    """A framework profile by name (case-insensitive).
+
+    Raises:
+        UnknownNameError: listing the valid profile names.
+    """
+    profile = _profiles().get(name.strip().lower())
+    if profile is None:
+        raise unknown_name("framework", name, list_frameworks())
+    return profile
+
+
+def apply_framework(spec: ModelSpec, framework: str | None = None,
+                    attention: str | None = None) -> ModelSpec:
+    """`spec` as `framework` trains it, with `attention` overriding the profile's kernel.
+
+    With neither given, `spec` is returned unchanged (its own `attention`, "flash" unless its
+    file says otherwise).
+
+    Raises:
+        UnknownNameError: an unknown framework.
+        SpecError: an attention kernel other than "flash" or "eager".
+    """
+    if attention is not None and attention not in ATTENTION_KERNELS:
+        raise SpecError(f"attention={attention!r} must be one of {', '.join(ATTENTION_KERNELS)}")
+    kernel = attention
+    if kernel is None and framework is not None:
+        kernel = str(get_framework(framework).attention.value)
+    elif framework is not None:
+        get_framework(framework)  # still check the name
+    if kernel is None or kernel == spec.attention:
+        return spec
+    return dataclasses.replace(spec, attention=kernel)
+
+
+__all__ = ["DEFAULT_FRAMEWORK", "FUSIONS", "FrameworkProfile", "Sourced", "apply_framework",
+           "get_framework", "list_frameworks", "parse_profiles"]
