@@ -108,3 +108,12 @@ def test_a_cpu_profile_is_refused_for_a_gpu_cluster(capsys: pytest.CaptureFixtur
     code, out, err = _run(capsys, "simulate", "--model", "tiny-gpt", "--cluster",
                           "2xV100-SXM2-32GB", "--dp", "2", "--profile", str(REPO / "traces/profile.csv"))
     assert code == 2 and out == "" and "measured on this CPU" in err
+
+
+def test_zero_micro_batch_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (found by tests/test_fuzz_cli.py): `--micro-batch 0` without --global-batch
+    divided by zero while choosing the default global batch."""
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", "--micro-batch", "0"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "micro_batch_size=0" in err and len(err.splitlines()) == 1

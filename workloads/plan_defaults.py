@@ -73,8 +73,10 @@ def plan_fields(model: ModelSpec, cluster: Cluster, base: Mapping[str, Any] | No
         given["dp"], given["tp"], given["pp"] = default_degrees(
             cluster.num_gpus, blocks, given.get("dp"), given.get("tp"), given.get("pp"))
         if "global_batch" not in given:
-            given["global_batch"] = default_global_batch(
-                given["dp"] * int(given.get("micro_batch_size", 1)))
+            mbs = given.get("micro_batch_size", 1)
+            if isinstance(mbs, bool) or not isinstance(mbs, int) or mbs < 1:
+                raise PlanError(f"plan.micro_batch_size={mbs!r} must be a positive integer")
+            given["global_batch"] = default_global_batch(given["dp"] * mbs)
     fields.update(given)
     if base is not None and any(k in given for k in _BATCH_FIELDS):
         fields["num_micro_batches"] = None  # re-derived from the overriding batch fields
