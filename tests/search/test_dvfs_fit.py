@@ -6,7 +6,7 @@ P(f)/P(f_max) compared with the measured ones, with the committed coefficients
 (hwmodels/data/clock_scaling.json, power.json).
 
 Measured with those coefficients (per-curve RMS over the whole sweep): A100-SXM time
-0.005–0.025, power 0.025–0.037; A40 time 0.024–0.057, power 0.015–0.027. The issue's target
+0.005–0.024, power 0.025–0.037; A40 time 0.025–0.056, power 0.016–0.027. The issue's target
 is 0.03 everywhere: A100 time and A40 power reach it; A100 power misses it on BLOOM's forward
 stages (0.037) and A40 time on most curves (the A40 sweeps disagree with each other: GPT-3's
 backward slows less than its forward, BLOOM's the other way round, which one set of per-GPU
