@@ -15,7 +15,7 @@ Layers below (hwmodels, workloads, simulator, search, validate) take resolved ob
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,9 @@ from trainsim.validate.devices import backend_for
 from trainsim.validate.profile_db import ProfileDB
 from trainsim.validate.profiled_cost import ProfiledCostModel, load_cost_model
 from trainsim.validate.profiler import run_profile
+from trainsim.validate.published_runs import AccuracyReport, PublishedRun, group_stats, read_runs
+from trainsim.validate.published_runs import default_csv_path as published_runs_csv
+from trainsim.validate.published_runs import evaluate as _evaluate_runs
 from trainsim.validate.small_models import get_validation_model, list_validation_models
 from trainsim.validate.trace_record import MeasuredTrace, import_kineto, parse_plan
 from trainsim.validate.trace_record import record_trace as _record_trace
@@ -504,3 +507,39 @@ def energy_pick(dag: Any, *, slowdown: float | None = None, deadline_s: float | 
                                                     ("pick", "straggler_table")
                                                     if k in summary})
     return {"run": run, "report": report, "summary": summary}
+
+
+def accuracy(csv_path: str | Path | None = None, *, sources: Collection[str] | None = None,
+             max_gpus: int | None = None, calibration: str | Path | Calibration | None = None,
+             engine: str = "numba",
+             on_row: Callable[[int, int, PublishedRun], None] | None = None) -> AccuracyReport:
+    """Simulate every row of a published-runs CSV (`sim accuracy`, bench/accuracy.py) and
+    compare with the published throughput and peak memory.
+
+    Args:
+        csv_path: A CSV in the schema of ../shared/data/published/SOURCES.md; default the
+            reference data's training_runs.csv ($TRAINSIM_SHARED_DATA, else ../shared/data).
+        sources: Only the rows of these sources (held-out rows in leave-one-source-out).
+        max_gpus: Only the rows of runs on at most this many GPUs (a quick subset).
+        calibration: Fitted coefficients (a file or loaded) that replace the catalog's.
+        on_row: Called as (rows_done, total, row) before each row, for progress bars.
+
+    Rows trainsim cannot express yet come back in `not_expressible` with their reason.
+    """
+    check_engine(engine)
+    path = Path(csv_path) if csv_path is not None else published_runs_csv()
+    if csv_path is None and not path.is_file():
+        raise SpecError(f"no published runs at {path}: give a CSV path or set "
+                        f"TRAINSIM_SHARED_DATA to the reference data folder")
+    runs = read_runs(path)
+    if sources is not None:
+        unknown = sorted(set(sources) - {r.source for r in runs})
+        if unknown:
+            raise SpecError(f"{path}: no rows of source {unknown[0]!r}")
+        runs = [r for r in runs if r.source in sources]
+    if max_gpus is not None:
+        runs = [r for r in runs if r.gpus <= max_gpus]
+    options = None if calibration is None else calibration_options(calibration)
+    results, skipped = _evaluate_runs(runs, options=options, engine=engine, on_row=on_row)
+    return AccuracyReport(path, results, skipped, group_stats(results),
+                          calibrated=calibration is not None)

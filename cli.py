@@ -13,6 +13,7 @@ import sys
 
 import typer
 
+from trainsim.commands.accuracy import accuracy_command
 from trainsim.commands.calibrate import app as calibrate_app
 from trainsim.commands.energy import app as energy_app
 from trainsim.commands.hw import app as hw_app
@@ -39,6 +40,7 @@ app.add_typer(energy_app, name="energy")
 app.command("search")(search_command)
 app.add_typer(calibrate_app, name="calibrate")
 register_validation(app)
+app.command("accuracy")(accuracy_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,7 +15,7 @@ from trainsim.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 SMALLER = {"--time-budget-s": "5"}
-NEEDS_REFERENCE_DATA = ("sim calibrate",)
+NEEDS_REFERENCE_DATA = ("sim calibrate", "sim accuracy")
 """README commands that read ../shared/data (Perseus' profiles), and those that use what they
 write (calibration.json): left out where the data is absent (a fresh clone elsewhere), never
 under CI."""
