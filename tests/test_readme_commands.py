@@ -47,13 +47,16 @@ def test_the_readme_has_sim_commands() -> None:
 
 @pytest.mark.slow
 def test_every_readme_command_runs_as_written(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+                                              capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "traces").symlink_to(REPO / "traces", target_is_directory=True)
     cwd = os.getcwd()
     os.chdir(tmp_path)
     failed = []
     try:
         shared = Path(os.environ.get("TRAINSIM_SHARED_DATA", REPO.parent / "shared" / "data"))
+        if shared.is_dir():  # an installed (not editable) trainsim cannot find ../shared itself
+            monkeypatch.setenv("TRAINSIM_SHARED_DATA", str(shared.resolve()))
         for command in readme_sim_commands():
             if (command.startswith(NEEDS_REFERENCE_DATA) or "calibration.json" in command) \
                     and not shared.is_dir() \
