@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -100,8 +100,6 @@ def timeline_figure(
         group = should_group(result, ranks)
     if group:
         return _grouped_figure(result, ranks=ranks, title=title, focus_rank=focus_rank)
-    from plotly.subplots import make_subplots
-
     frame = result.tasks
     mem, power = result.memory_timeline, result.power_timeline
     if ranks is not None:
@@ -117,16 +115,8 @@ def timeline_figure(
     )
     rows = [f"rank {r} · {s}" for r, s in pairs]
 
-    task_px, panel_px = max(320, 24 * len(rows)), 180
-    height_px = task_px + 2 * panel_px + 160
-    fig = make_subplots(
-        rows=3,
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=60 / height_px,
-        row_heights=[task_px, panel_px, panel_px],
-        subplot_titles=("tasks", "memory (GiB)", "power (W)"),
-    )
+    fig, height_px = _three_panels(len(rows), row_px=24, panel_px=180, margin_px=160,
+                                   titles=("tasks", "memory (GiB)", "power (W)"))
     labels = np.array(
         [f"rank {r} · {s}" for r, s in zip(frame["rank"], frame["stream"], strict=True)],
         dtype=object,
@@ -236,7 +226,6 @@ def _grouped_figure(
     representative rank; memory and power one line per group (max over its ranks); each GPU
     type's memory capacity a dashed line; `focus_rank`'s own rows in full after its group's."""
     import pandas as pd
-    from plotly.subplots import make_subplots
 
     groups = rank_groups(result)
     if ranks is not None:
@@ -269,19 +258,11 @@ def _grouped_figure(
     drawn = pd.concat(parts, ignore_index=True) if parts else frame.iloc[:0].assign(
         _row="", _note="")
 
-    row_px = 18
-    task_px, panel_px = max(320, row_px * len(rows)), 220
-    height_px = task_px + 2 * panel_px + 180
-    fig = make_subplots(
-        rows=3,
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=60 / height_px,
-        row_heights=[task_px, panel_px, panel_px],
-        subplot_titles=("tasks (one row set per rank group, from a representative rank)",
-                        "memory (GiB, max over each group's ranks)",
-                        "power (W, max over each group's ranks)"),
-    )
+    fig, height_px = _three_panels(
+        len(rows), row_px=18, panel_px=220, margin_px=180,
+        titles=("tasks (one row set per rank group, from a representative rank)",
+                "memory (GiB, max over each group's ranks)",
+                "power (W, max over each group's ranks)"))
     _add_bars(fig, drawn, drawn["_row"].to_numpy(dtype=object),
               drawn["_note"].to_numpy(dtype=object))
     iteration_s = result.iteration_time_s
@@ -361,3 +342,16 @@ def _step_line(time_s: np.ndarray, values: np.ndarray, iteration_s: float, name:
     return go.Scatter(x=np.r_[time_s, iteration_s], y=np.r_[values, values[-1:]], mode="lines",
                       line={"shape": "hv", "width": 1}, name=name, showlegend=False,
                       hovertemplate=hover + "<extra></extra>")
+
+
+def _three_panels(n_rows: int, *, row_px: int, panel_px: int, margin_px: int,
+                  titles: tuple[str, str, str]) -> tuple[Any, int]:
+    """The page's figure: tasks (n_rows rows), memory and power sharing the time axis; with
+    its height in pixels."""
+    from plotly.subplots import make_subplots  # deferred: start-up time (plotly)
+
+    task_px = max(320, row_px * n_rows)
+    height_px = task_px + 2 * panel_px + margin_px
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=60 / height_px,
+                        row_heights=[task_px, panel_px, panel_px], subplot_titles=titles)
+    return fig, height_px
