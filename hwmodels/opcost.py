@@ -230,9 +230,7 @@ class RooflineCostModel:
             if tensor:
                 # the clock-bound share c of a GEMM draws SM power; the rest waits on memory
                 compute_s = at_max * scaling.gemm_factor(f, f_max)
-                sm_bound_s = (at_max * scaling.slowdown(f, f_max)
-                              if scaling.gemm_clock_bound_fraction == 1.0 else
-                              at_max * scaling.gemm_clock_bound_fraction
+                sm_bound_s = (at_max * scaling.gemm_clock_bound_fraction
                               * scaling.slowdown(f, f_max))
             else:
                 compute_s = sm_bound_s = at_max * scaling.slowdown(f, f_max)

@@ -149,10 +149,7 @@ def fit_clock_scaling(curves: list[Curve], gpu_key: str) -> tuple[ClockScaling, 
                                sustained_clock_mhz=float(x[1]) * f_max,
                                cap_sharpness=float(x[2]))
         parts = []
-        by_model: dict[str, list[Curve]] = defaultdict(list)
-        for c in mine:
-            by_model[c.model].append(c)
-        for model, group in by_model.items():
+        for model, group in _by_model(mine).items():
             pred = predicted_ratios(model, gpu_key, group[0].freq_mhz, scaling)
             parts += [pred[(c.stage, c.instruction)][0] - c.time_ratio for c in group]
         return np.concatenate(parts)
