@@ -15,12 +15,12 @@ Layers below (hwmodels, workloads, simulator, search, validate) take resolved ob
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from trainsim.errors import SpecError, TraceError, TrainsimError, UnknownNameError
+from trainsim.errors import SpecError, TraceError, TrainsimError, UnknownNameError, unknown_name
 from trainsim.hwmodels.calibration import Calibration, load_calibration
 from trainsim.hwmodels.catalog_views import catalog_gpus, describe_hardware
 from trainsim.hwmodels.catalog_views import describe_cluster as _cluster_view
@@ -28,6 +28,9 @@ from trainsim.hwmodels.cluster import Cluster, parse_cluster
 from trainsim.search.aceso.profile import aceso_lowering_options
 from trainsim.search.energy.outputs import PLAN_FILES
 from trainsim.search.exports import search_output_files
+from trainsim.search.hetero.objectives import with_prices
+from trainsim.search.hetero.pareto import ParetoPoint
+from trainsim.search.hetero.sweep import compositions, parse_range, sweep
 from trainsim.search.methods import get_planner
 from trainsim.search.oracle import Oracle
 from trainsim.search.planner import SearchRecord, SearchResult, SearchSpec, run_search
@@ -402,6 +405,7 @@ def search(model: str | ModelSpec, cluster: str | Cluster, *, global_batch: int,
            method: str = "grid", memory_limit_gb: float | None = None,
            time_budget_s: float = 60.0, profile: str | Path | None = None,
            objective: str = "throughput", top: int = 5, engine: str = "numba",
+           prices: Mapping[str, float] | None = None,
            on_record: Callable[[SearchRecord], None] | None = None) -> SearchResult:
     """Search parallel plans for `model` on `cluster` with a planner (`grid`: Megatron-LM's
     uniform grid; `aceso`: iterative bottleneck alleviation), every candidate scored by the
@@ -414,18 +418,36 @@ def search(model: str | ModelSpec, cluster: str | Cluster, *, global_batch: int,
         profile: An Aceso profile folder or a profile database (`search_options`).
         objective: throughput, cost ($ per iteration) or energy (J per iteration).
         top: How many ranked plans to keep.
+        prices: USD per GPU-hour by GPU type, overriding the catalog's.
         on_record: Called with each evaluated plan's record (progress bars).
     """
     planner = get_planner(method)
     spec = load_model(model)
     file_profile = profile if profile is not None and Path(profile).is_file() else None
-    hw = load_cluster(cluster, profile=file_profile)
+    hw = with_prices(load_cluster(cluster, profile=file_profile), prices or {})
     request = SearchSpec(model=spec, cluster=hw, global_batch=global_batch,
                          memory_limit_bytes=None if memory_limit_gb is None
                          else memory_limit_gb * 1e9, time_budget_s=time_budget_s,
                          objective=objective, top_k=top)
     oracle = Oracle(spec, hw, engine=engine, options=search_options(profile, spec, cluster))
     return run_search(planner, request, oracle=oracle, on_record=on_record)
+
+
+def pareto(model: str | ModelSpec, gpus: Sequence[str], *, global_batch: int,
+           prices: Mapping[str, float] | None = None, workers: int = 2,
+           time_budget_s: float = 30.0,
+           on_done: Callable[[ParetoPoint], None] | None = None) -> list[ParetoPoint]:
+    """Plan every cluster composition of the `gpus` ranges ("A10:0..8x4": 0 to 8 nodes of 4
+    A10s) with the heterogeneous planner, one `ParetoPoint` (best plan, tokens/s, $ per 1M
+    tokens) each; `pareto_mask` marks the cost–throughput front."""
+    spec = load_model(model)
+    specs = compositions([parse_range(g) for g in gpus])
+    swept = {r.gpu for r in (parse_range(g) for g in gpus)}
+    for name in prices or {}:
+        if name not in swept:
+            raise SpecError(str(unknown_name("GPU in prices", name, sorted(swept))))
+    return sweep(spec, specs, global_batch, prices=prices, workers=workers,
+                 time_budget_s=time_budget_s, on_done=on_done)
 
 
 def search_files(result: SearchResult, *, model: str, cluster: str) -> dict[str, str]:

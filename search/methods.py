@@ -12,14 +12,20 @@ from typing import Any
 from trainsim.errors import SpecError, unknown_name
 from trainsim.search.aceso.planner import AcesoPlanner
 from trainsim.search.grid import GridPlanner
+from trainsim.search.hetero.planner import HeteroPlanner
 from trainsim.search.planner import Planner
 
-PLANNERS: dict[str, Callable[..., Planner]] = {"grid": GridPlanner, "aceso": AcesoPlanner}
+PLANNERS: dict[str, Callable[..., Planner]] = {
+    "grid": GridPlanner, "aceso": AcesoPlanner,
+    "hetero": lambda **o: HeteroPlanner(name="hetero", **o),
+    "fasop": lambda **o: HeteroPlanner(name="fasop", **o),
+    "uniform": lambda **o: HeteroPlanner(name="uniform", **o)}
 """Search method -> planner factory (keyword options pass through)."""
 
 
 def get_planner(method: str, **options: Any) -> Planner:
-    """The planner named `method` (a key of PLANNERS: "grid" or "aceso")."""
+    """The planner named `method` (a key of PLANNERS: grid, aceso, or for clusters of several
+    GPU types hetero, fasop, uniform)."""
     if method not in PLANNERS:
         raise SpecError(str(unknown_name("search method", method, tuple(PLANNERS))))
     return PLANNERS[method](**options)

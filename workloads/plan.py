@@ -162,6 +162,11 @@ class ParallelPlan:
     placement: tuple[int, ...] | None = None
     """Node-group index per stage (heterogeneous clusters); if None, stages fill node groups
     fastest GPU first (whatever order the cluster is written in)."""
+    node_order: tuple[int, ...] | None = None
+    """The order in which stages fill the cluster's nodes (FASOP's device placement): a
+    permutation of the node indices, numbered as the cluster is written (group 0's nodes
+    first). Stage s takes the next dp×tp GPUs of that sequence, so a stage may span nodes of
+    two GPU types. None: node groups fastest first (or as `placement` says)."""
     dtype: str = "fp16"
     """Compute precision: fp16, bf16 or fp32."""
 
@@ -232,7 +237,8 @@ class ParallelPlan:
         lists = {"stage_layers": ("integer", "layers of each (virtual) stage", None),
                  "stage_tp": ("positive integer", "tensor-parallel degree of each stage", 1),
                  "stage_gpus": ("positive integer", "GPUs of each stage", 1),
-                 "placement": ("integer", "node-group index of each stage", None)}
+                 "placement": ("integer", "node-group index of each stage", None),
+                 "node_order": ("integer", "node indices in the order stages fill them", 0)}
         for name, (kind, what, minimum) in lists.items():
             if getattr(self, name) is not None:
                 items = _items(name, getattr(self, name), f"a list of {kind}s ({what})")
@@ -594,6 +600,8 @@ class ParallelPlan:
 
     def _check_cluster_fit(self, cluster: Any) -> None:
         groups = list(cluster.node_groups)
+        if self.node_order is not None:
+            self._check_node_order(groups)
         if self.placement is not None:
             if len(self.placement) != self.pp:
                 raise PlanError(f"plan.placement has {len(self.placement)} entries but pp={self.pp}")
@@ -619,6 +627,27 @@ class ParallelPlan:
                     raise PlanError(f"plan frequency {f:g} MHz is outside {gpu.name}'s SM clock "
                                     f"range {lo:g}–{hi:g} MHz")
 
+    def _check_node_order(self, groups: list[Any]) -> None:
+        """`node_order` is a permutation of the cluster's nodes, and no stage's tensor-parallel
+        group straddles two nodes (their GPUs would talk over the network every layer)."""
+        order = list(self.node_order or ())
+        nodes = sum(int(g.nodes) for g in groups)
+        if self.placement is not None:
+            raise PlanError("plan.node_order cannot be combined with plan.placement (give the "
+                            "order stages fill nodes, or a node group per stage, not both)")
+        if sorted(order) != list(range(nodes)):
+            raise PlanError(f"plan.node_order={order} must list each of the cluster's {nodes} "
+                            f"nodes 0..{nodes - 1} once")
+        sizes = [int(g.gpus_per_node) for g in groups for _ in range(int(g.nodes))]
+        first = 0
+        for n in order:
+            tps = {self.tp_of_stage(s) for s in range(self.pp)}
+            if any(first % t or sizes[n] % t for t in tps):
+                raise PlanError(f"plan.node_order={order}: node {n} ({sizes[n]} GPUs) starts at "
+                                f"GPU {first} of the order, which splits a tp={max(tps)} group "
+                                f"across nodes")
+            first += sizes[n]
+
     # ----------------------------------------------------------------- construction & JSON
     @classmethod
     def build(cls, model: Any, cluster: Any, **fields: Any) -> ParallelPlan:
@@ -635,12 +664,12 @@ class ParallelPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict holding every field (round-trips through `from_dict`); an unset
-        `dp_batch_split` (the even split) and the default `overlap_grad_reduce` are left out, so
-        plans without them print as before."""
+        `dp_batch_split` (the even split), an unset `node_order` and the default
+        `overlap_grad_reduce` are left out, so plans without them print as before."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if (f.name == "dp_batch_split" and value is None) or \
+            if (f.name in ("dp_batch_split", "node_order") and value is None) or \
                     (f.name == "overlap_grad_reduce" and value):
                 continue
             if f.name == "micro_batches" and value is not None:

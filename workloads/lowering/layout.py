@@ -237,13 +237,25 @@ class LoweringLayout:
         order = sorted(range(len(groups)), key=key)
         return [r for i in order for r in range(starts[i], starts[i] + groups[i].num_gpus)]
 
+    def _node_ranks(self) -> list[int]:
+        """Every GPU rank, nodes taken in the plan's `node_order` (nodes numbered as the
+        cluster is written)."""
+        starts = []
+        first = 0
+        for g in self.cluster.node_groups:
+            for _ in range(g.nodes):
+                starts.append((first, g.gpus_per_node))
+                first += g.gpus_per_node
+        return [r for n in self.plan.node_order or () for r in
+                range(starts[n][0], starts[n][0] + starts[n][1])]
+
     def _place_stages(self) -> list[list[int]]:
         """Physical ranks of each pipeline stage, laid out [dp replica][tp index] (Megatron:
-        tp innermost, then dp, then pp), filling node groups fastest first (`_canonical_ranks`)
-        or as `placement` says."""
+        tp innermost, then dp, then pp), filling node groups fastest first (`_canonical_ranks`),
+        nodes in `node_order`, or node groups as `placement` says."""
         plan, cluster = self.plan, self.cluster
         if plan.placement is None:
-            ranks = self._canonical_ranks()
+            ranks = self._canonical_ranks() if plan.node_order is None else self._node_ranks()
             out, first = [], 0
             for s in range(plan.pp):
                 n = plan.gpus_of_stage(s)

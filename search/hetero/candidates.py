@@ -1,0 +1,225 @@
+"""Candidate plans on a heterogeneous cluster, each with an estimate and a proven lower bound.
+
+A candidate is a full plan: degrees, micro-batch size, recompute, node order (which GPU types
+each stage and replica get), layer partition and batch split. Building one costs no lowering:
+the stage and replica GPU types follow from the node order (Megatron's layout, tp innermost,
+then dp, then pp; layout.py), and stage times are sums of block costs (block_costs.py).
+
+Each candidate carries two figures:
+* `estimate_s` ranks candidates (1F1B: sum of stage times + (m-1) x the slowest, with the
+  tensor-parallel collectives estimated) -- the planner asks the Oracle in this order;
+* `bound_s` is a lower bound on the engine's iteration time: on every replica, the compute
+  stream of stage b cannot start before micro-batch 0 has crossed stages 0..b-1 forward, must
+  then run all its m forward/backward passes one at a time, and micro-batch m-1's backward
+  must still cross stages b-1..0. It counts compute only (no collective, transfer or
+  optimizer step), so the engine can only take longer; the planner skips every candidate
+  whose bound is not below the best time found (branch and bound), and a test checks the
+  bound against the engine on random plans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trainsim.hwmodels.cluster import Cluster
+from trainsim.search.hetero.block_costs import BlockCosts, BlockCostTable
+from trainsim.search.hetero.partition import (
+    exact_partition,
+    minmax_partition,
+    stage_times,
+    uniform_counts,
+)
+
+BOUND_SLACK = 1e-9
+"""Relative slack under the bound: the engine sums the same floats in another order."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Degrees:
+    """One point of the degree grid."""
+
+    dp: int
+    tp: int
+    pp: int
+    micro_batch_size: int
+    recompute: str
+    schedule: str = "1f1b"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    """A complete plan proposal with its ranking estimate and lower bound."""
+
+    fields: dict[str, Any]
+    """ParallelPlan fields."""
+    note: str
+    """What it is, for the search log."""
+    estimate_s: float
+    """Ranking estimate of the iteration time."""
+    bound_s: float
+    """Proven lower bound on the engine's iteration time."""
+    stage_types: tuple[str, ...]
+    """Slowest GPU type of each stage (FASOP's stage type)."""
+
+
+class Layout:
+    """GPU types of each stage and replica for one node order and degrees."""
+
+    def __init__(self, cluster: Cluster, order: tuple[int, ...], deg: Degrees) -> None:
+        starts, first = [], 0
+        for g in cluster.node_groups:
+            for _ in range(g.nodes):
+                starts.append((first, g.gpus_per_node))
+                first += g.gpus_per_node
+        ranks = [r for n in order for r in range(starts[n][0], starts[n][0] + starts[n][1])]
+        per = deg.dp * deg.tp
+        self.types = [[cluster.gpu(ranks[s * per + d * deg.tp]).name for d in range(deg.dp)]
+                      for s in range(deg.pp)]
+        """types[s][d]: GPU type of replica d on stage s (a tp group lies in one node)."""
+
+    def replica_types(self) -> list[tuple[str, ...]]:
+        """Each replica's GPU type per stage."""
+        return [tuple(self.types[s][d] for s in range(len(self.types)))
+                for d in range(len(self.types[0]))]
+
+
+def _fits(costs: list[BlockCosts], caps: list[float], inflight: list[int]) -> list[np.ndarray]:
+    """Per stage: fits[k][i, j] when blocks i..j-1 fit stage k's memory (estimate)."""
+    out = []
+    for c, cap, q in zip(costs, caps, inflight):
+        ps, pk = c.sums["static"], c.sums["kept"]
+        need = (ps[None, :] - ps[:, None]) + q * (pk[None, :] - pk[:, None]) + c.extra_bytes.max()
+        out.append(need <= cap)
+    return out
+
+
+class CandidateBuilder:
+    """Turns (degrees, node order) into candidates for one planner mode."""
+
+    def __init__(self, table: BlockCostTable, cluster: Cluster, global_batch: int, *,
+                 memory_limit_bytes: float | None) -> None:
+        self.table, self.cluster, self.batch = table, cluster, global_batch
+        self._partitions: dict[tuple[object, ...], tuple[int, ...] | None] = {}
+        self.memory = {g.gpu.name: float(g.gpu.memory_bytes) for g in cluster.node_groups}
+        if memory_limit_bytes is not None:
+            self.memory = {k: min(v, memory_limit_bytes) for k, v in self.memory.items()}
+
+    def _slowest(self, types: list[str], deg: Degrees) -> str:
+        return max(set(types), key=lambda t: (self.table.costs(
+            t, deg.tp, deg.micro_batch_size, deg.recompute).compute_s.sum(), t))
+
+    def build(self, deg: Degrees, order: tuple[int, ...], mode: str,
+              order_note: str) -> list[Candidate]:
+        """Candidates of `mode` ("uniform", "fasop" or "exact") for these degrees and order:
+        uniform and fasop give one; exact gives its DP partition plus the FASOP and uniform
+        ones (so it never searches less than they do), each with an even and, when replicas
+        differ, a speed-proportional batch split."""
+        lay = Layout(self.cluster, order, deg)
+        L, pp, mbs = self.table.num_blocks, deg.pp, deg.micro_batch_size
+        m = self.batch // (deg.dp * mbs)
+        stage_type = [self._slowest(lay.types[s], deg) for s in range(pp)]
+        costs = [self.table.costs(t, deg.tp, mbs, deg.recompute) for t in stage_type]
+        prefix = [c.sums["estimate"] for c in costs]
+        partitions: list[tuple[tuple[int, ...], str]] = []
+        if mode == "uniform":
+            partitions.append((uniform_counts(L, pp), "uniform"))
+        elif mode == "fasop":
+            partitions.append((minmax_partition(prefix, L), "min-max"))
+        else:
+            inflight = [min(m, pp - s) for s in range(pp)]
+            caps = [min(self.memory[t] for t in set(lay.types[s])) for s in range(pp)]
+            key = (tuple(stage_type), tuple(caps), deg.tp, mbs, deg.recompute, m)
+            if key not in self._partitions:  # other orders giving the stages the same types
+                self._partitions[key] = exact_partition(prefix, L, m,
+                                                        _fits(costs, caps, inflight))
+            exact = self._partitions[key]
+            if exact is not None:
+                partitions.append((exact, "exact"))
+            partitions += [(minmax_partition(prefix, L), "min-max"),
+                           (uniform_counts(L, pp), "uniform")]
+        out, seen = [], set()
+        for counts, how in partitions:
+            if counts in seen:
+                continue
+            seen.add(counts)
+            splits = [None]
+            if mode == "exact":
+                split = self._split(lay, deg, counts)
+                if split is not None:
+                    splits.append(split)
+            for split in splits:
+                out.append(self._candidate(deg, order, lay, counts, split, stage_type,
+                                           f"{how} partition, {order_note}"))
+        return out
+
+    def _replica_times(self, lay: Layout, deg: Degrees, counts: tuple[int, ...],
+                       what: str) -> list[list[float]]:
+        """Per replica, per stage: "estimate" (compute + tp collectives), "compute" or
+        "weight" (the W passes) time of one micro-batch."""
+        done: dict[tuple[str, ...], list[float]] = {}
+        out = []
+        for types in lay.replica_types():
+            if types not in done:
+                cs = [self.table.costs(t, deg.tp, deg.micro_batch_size, deg.recompute)
+                      for t in types]
+                done[types] = stage_times([c.sums[what] for c in cs], counts)
+            out.append(done[types])
+        return out
+
+    def _split(self, lay: Layout, deg: Degrees, counts: tuple[int, ...]
+               ) -> tuple[int, ...] | None:
+        """Samples per replica in proportion to its speed (whole micro-batches, at least
+        one each), or None when the replicas are alike or the split is the even one."""
+        if deg.dp == 1 or len(set(lay.replica_types())) == 1:
+            return None
+        mbs = deg.micro_batch_size
+        units = self.batch // mbs
+        speed = [1.0 / max(t) for t in self._replica_times(lay, deg, counts, "estimate")]
+        share = [max(1, int(units * s / sum(speed))) for s in speed]
+        while sum(share) < units:  # give the rest to the replica that would finish first
+            d = min(range(len(share)), key=lambda i: ((share[i] + 1) / speed[i], i))
+            share[d] += 1
+        while sum(share) > units:
+            d = max(range(len(share)), key=lambda i: (share[i] / speed[i], i))
+            share[d] -= 1
+        if len(set(share)) == 1 or min(share) < 1:
+            return None
+        return tuple(s * mbs for s in share)
+
+    def _candidate(self, deg: Degrees, order: tuple[int, ...], lay: Layout,
+                   counts: tuple[int, ...], split: tuple[int, ...] | None,
+                   stage_type: list[str], note: str) -> Candidate:
+        mbs = deg.micro_batch_size
+        per_replica = ([n // mbs for n in split] if split is not None
+                       else [self.batch // (deg.dp * mbs)] * deg.dp)
+        est, bound = 0.0, 0.0
+        zero_bubble = deg.schedule.startswith("zb")
+        for m, t_est, t_cmp, t_w in zip(per_replica,
+                                        self._replica_times(lay, deg, counts, "estimate"),
+                                        self._replica_times(lay, deg, counts, "compute"),
+                                        self._replica_times(lay, deg, counts, "weight")):
+            # 1F1B: micro-batch 0 crosses every stage, the slowest stage runs the other m-1;
+            # a zero-bubble schedule takes the first crossing's W passes off that path
+            first = sum(t_est) - (sum(t_w) if zero_bubble else 0.0)
+            est = max(est, first + (m - 1) * max(t_est))
+            before = np.concatenate(([0.0], np.cumsum(t_cmp)[:-1]))
+            bound = max(bound, float(np.max(before + m * np.asarray(t_cmp))))
+        fields: dict[str, Any] = {
+            "dp": deg.dp, "tp": deg.tp, "pp": deg.pp, "micro_batch_size": mbs,
+            "global_batch": self.batch, "recompute": deg.recompute, "schedule": deg.schedule,
+            "stage_layers": list(counts) if deg.pp > 1 else None,
+            "node_order": list(order)}
+        if split is not None:
+            fields["dp_batch_split"] = list(split)
+        label = (f"dp={deg.dp} tp={deg.tp} pp={deg.pp} mbs={mbs} rc={deg.recompute} "
+                 f"{deg.schedule} "
+                 f"layers={'/'.join(map(str, counts))}"
+                 + (f" split={'/'.join(map(str, split))}" if split else "") + f" ({note})")
+        return Candidate(fields=fields, note=label, estimate_s=est,
+                         bound_s=bound * (1 - BOUND_SLACK), stage_types=tuple(stage_type))
+
+
+__all__ = ["Candidate", "CandidateBuilder", "Degrees", "Layout"]

@@ -1,0 +1,186 @@
+"""Planners for clusters of several GPU types: `hetero` (ours), `fasop` and `uniform`.
+
+All three walk the same degree grid (FASOP's: tp among the divisors of the GPUs per node,
+dp dividing the global batch, pp = GPUs / (dp tp) up to the block count, every micro-batch
+size dividing global_batch / dp) and differ in what else they try:
+
+* `uniform` -- Megatron-LM as users run it: even layer split, even batch split, stages filling
+  the nodes in the order the cluster is written. The baseline a heterogeneous planner must beat.
+* `fasop` -- FASOP (HPDC'24) on our Oracle: the cyclic rotations of the nodes as written, its
+  min-max partition (each stage costed on its slowest GPU type), even batch split, no
+  recompute.
+* `hetero` -- ours: every distinct node-kind sequence (pruned beyond a limit, space.py), the
+  exact partition under memory caps (partition.py) next to FASOP's and the uniform one, a
+  speed-proportional batch split across unequal replicas, recompute none or full.
+
+Every candidate the planner runs is scored by the Oracle (lowered program + engine). It asks
+in the order of the candidates' estimates and skips a candidate only when its proven lower
+bound (candidates.py) is not below the best time already found: the best plan is then the
+best of the whole space, not of a sample. `max_evals` and the time budget cap the work; the
+result says whether the search finished (`complete`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from trainsim.errors import SpecError
+from trainsim.search.hetero.block_costs import BlockCostTable
+from trainsim.search.hetero.candidates import Candidate, CandidateBuilder, Degrees, Layout
+from trainsim.search.hetero.space import cyclic_orders, distinct_orders, divisors
+from trainsim.search.planner import SearchRecord, SearchState
+
+MODES = {"hetero": "exact", "fasop": "fasop", "uniform": "uniform"}
+"""Planner name -> candidate mode (candidates.py)."""
+
+
+@dataclass(kw_only=True)
+class HeteroPlanner:
+    """Branch and bound over a heterogeneous plan space (module docstring)."""
+
+    name: str = "hetero"
+    """hetero, fasop or uniform."""
+    max_evals: int = 400
+    """Oracle evaluations at most (the bound usually stops it well before)."""
+    order_limit: int = 256
+    """Distinct node orders tried at most (`hetero`)."""
+    tp_degrees: tuple[int, ...] | None = None
+    """Tensor-parallel degrees; the divisors of the smallest GPUs-per-node when None."""
+    schedules: tuple[str, ...] | None = None
+    """Pipeline schedules; `hetero`: 1F1B and ZB-H1 (zero-bubble, Qi et al. ICLR'24: same
+    activation memory as 1F1B, W passes fill the bubbles); the others 1F1B (Megatron's)."""
+    recompute: tuple[str, ...] | None = None
+    """Recompute policies; `hetero`: none and full; the others none."""
+    refine_rounds: int = 3
+    """`hetero`: rounds of one-layer moves from the best plan after the branch and bound."""
+    stats: dict[str, int | bool] = field(default_factory=dict)
+    """After `steps`: candidates, evaluated, pruned, complete, orders_complete."""
+
+    def __post_init__(self) -> None:
+        self._blocks = 0
+        if self.name not in MODES:
+            raise SpecError(f"hetero planner name {self.name!r} must be one of "
+                            f"{', '.join(MODES)}")
+        if self.max_evals < 1:
+            raise SpecError(f"max_evals={self.max_evals} must be >= 1")
+
+    # ------------------------------------------------------------------ the space
+    def grid(self, state: SearchState, blocks: int) -> list[Degrees]:
+        """FASOP's degree grid (module docstring); `hetero` adds full recompute and ZB-H1."""
+        cluster, batch = state.cluster, state.spec.global_batch
+        n = cluster.num_gpus
+        per_node = min(g.gpus_per_node for g in cluster.node_groups)
+        tps = self.tp_degrees or tuple(divisors(per_node))
+        heads = int(getattr(state.model, "num_heads", 0) or 0)
+        ours = self.name == "hetero"
+        recompute = self.recompute or (("none", "full") if ours else ("none",))
+        schedules = self.schedules or (("1f1b", "zb-h1") if ours else ("1f1b",))
+        out = []
+        for tp in tps:
+            if n % tp or (heads and heads % tp):
+                continue
+            for dp in divisors(n // tp):
+                pp = n // (tp * dp)
+                if batch % dp or pp > blocks:
+                    continue
+                for mbs in divisors(batch // dp):
+                    for rc in recompute:
+                        for sched in (schedules if pp > 1 else ("1f1b",)):
+                            out.append(Degrees(dp=dp, tp=tp, pp=pp, micro_batch_size=mbs,
+                                               recompute=rc, schedule=sched))
+        return out
+
+    def orders(self, state: SearchState) -> list[tuple[tuple[int, ...], str]]:
+        """(node order, note) pairs this planner tries."""
+        cluster = state.cluster
+        nodes = sum(g.nodes for g in cluster.node_groups)
+        if self.name == "uniform":
+            return [(tuple(range(nodes)), "nodes as written")]
+        if self.name == "fasop":
+            return [(o, f"rotation {i}") for i, o in enumerate(cyclic_orders(cluster))]
+        found, complete = distinct_orders(cluster, limit=self.order_limit)
+        self.stats["orders_complete"] = complete
+        return [(o, f"order {i}") for i, o in enumerate(found)]
+
+    def candidates(self, state: SearchState) -> list[Candidate]:
+        """Every candidate of the space, best estimate first."""
+        options = state.oracle.options
+        table = BlockCostTable(state.model, state.cluster,
+                               cost_model=None if options is None else options.cost_model)
+        self._blocks = table.num_blocks
+        builder = CandidateBuilder(table, state.cluster, state.spec.global_batch,
+                                   memory_limit_bytes=state.spec.memory_limit_bytes)
+        out: list[Candidate] = []
+        orders = self.orders(state)
+        for deg in self.grid(state, table.num_blocks):
+            seen: set[tuple[tuple[str, ...], ...]] = set()
+            for order, note in orders:
+                types = tuple(tuple(t) for t in Layout(state.cluster, order, deg).types)
+                if types in seen:  # another order giving every stage the same GPUs
+                    continue
+                seen.add(types)
+                out += builder.build(deg, order, MODES[self.name], note)
+        out.sort(key=lambda c: (c.estimate_s, c.bound_s, c.note))
+        return out
+
+    # ------------------------------------------------------------------ the search
+    def steps(self, state: SearchState) -> Iterator[SearchRecord]:
+        """Ask the Oracle in estimate order; skip what the bound rules out."""
+        cands = self.candidates(state)
+        self.stats.update(candidates=len(cands), evaluated=0, pruned=0, complete=False)
+        bounded = state.spec.objective in ("throughput", "cost")  # both ∝ time here
+        best_time = math.inf
+        for i, cand in enumerate(cands):
+            if bounded and cand.bound_s >= best_time:
+                self.stats["pruned"] = int(self.stats["pruned"]) + 1
+                continue
+            if state.out_of_time() or int(self.stats["evaluated"]) >= self.max_evals:
+                self.stats["pruned"] = int(self.stats["pruned"]) + len(cands) - i
+                return
+            record = state.evaluate(cand.fields, f"{self.name} {cand.note}")
+            self.stats["evaluated"] = int(self.stats["evaluated"]) + 1
+            if record.fits:
+                best_time = min(best_time, record.summary.iteration_time_s)
+            yield record
+        self.stats["complete"] = True
+        if self.name == "hetero":
+            yield from self._refine(state)
+
+    def _refine(self, state: SearchState) -> Iterator[SearchRecord]:
+        """Hill-climb from the best plan by moving one layer between two stages, on the
+        Oracle: the partition estimate cannot see transfers and schedule details the engine
+        does, so the engine has the last word on the split."""
+        best = state.best
+        if best is None or best.plan is None or best.plan.pp < 2:
+            return
+        base, moves = best.note.removeprefix("hetero "), 0
+        for _ in range(self.refine_rounds):
+            best = state.best
+            assert best is not None and best.plan is not None
+            counts = list(best.plan.layers_per_stage(self._blocks))
+            improved = False
+            for i in range(len(counts)):
+                for j in range(len(counts)):
+                    if i == j or counts[i] <= 1 or state.out_of_time() \
+                            or int(self.stats["evaluated"]) >= self.max_evals:
+                        continue
+                    moved = list(counts)
+                    moved[i] -= 1
+                    moved[j] += 1
+                    fields = {**best.plan.to_dict(), "stage_layers": moved}
+                    if state.seen(fields) is not None:
+                        continue
+                    record = state.evaluate(fields, f"hetero refined ({moves + 1} layer moves, "
+                                                    f"layers={'/'.join(map(str, moved))}) from "
+                                                    f"{base}")
+                    self.stats["evaluated"] = int(self.stats["evaluated"]) + 1
+                    improved = improved or record.improved
+                    yield record
+            moves += 1
+            if not improved:
+                return
+
+
+__all__ = ["MODES", "HeteroPlanner"]
