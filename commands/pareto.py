@@ -22,8 +22,10 @@ from trainsim.commands.output import check_out_dir, user_errors
 from trainsim.search.hetero.objectives import check_limits, limit_miss, parse_prices, run_totals
 from trainsim.search.hetero.pareto import ParetoPoint, format_table, write_html, write_table
 from trainsim.search.hetero.sweep import beats_halves, compositions, parse_range
+from trainsim.search.planner import check_global_batch
 
 OUTPUT_FILES = ("pareto.csv", "pareto.html")
+MAX_WORKERS = 256
 
 _GPUS = typer.Option(..., "--gpus", help="GPU:LO..HIxG ranges, e.g. --gpus A100-SXM4-40GB:0..8x8 "
                      "A10:0..8x4 (LO to HI nodes of G GPUs; repeat --gpus or list them after it).")
@@ -61,10 +63,13 @@ def pareto_command(
     specs = compositions(ranges)
     prices = parse_prices(price)
     check_limits(tokens, budget_usd, deadline_days)
-    if global_batch < 1:
-        raise typer.BadParameter("must be >= 1", param_hint="--global-batch")
-    if not time_budget_s > 0:
-        raise typer.BadParameter("must be > 0", param_hint="--time-budget-s")
+    check_global_batch(global_batch)
+    if not 0 < time_budget_s <= 86_400:
+        raise typer.BadParameter("must be > 0 and at most a day (86400)",
+                                 param_hint="--time-budget-s")
+    if not 0 <= workers <= MAX_WORKERS:
+        raise typer.BadParameter(f"must be 0 (one per CPU) to {MAX_WORKERS}",
+                                 param_hint="--workers")
     known = {r.gpu for r in ranges}
     for name in prices:
         if name not in known:

@@ -21,10 +21,13 @@ from rich.table import Table
 from trainsim import api
 from trainsim.commands.output import check_out_dir, dumps, user_errors
 from trainsim.search.exports import SEARCH_OUTPUT_FILES
+from trainsim.search.hetero.objectives import check_limits, limit_miss, parse_prices, run_totals
 from trainsim.search.planner import SearchRecord, SearchResult
 from trainsim.workloads.plan import ParallelPlan
 
-_METHOD = typer.Option("grid", "--method", help="grid (Megatron-LM uniform) or aceso.")
+_METHOD = typer.Option("grid", "--method", help="grid (Megatron-LM uniform), aceso, or for "
+                       "clusters of several GPU types hetero (ours), fasop (FASOP's search "
+                       "on our Oracle) or uniform (Megatron-LM, nodes as written).")
 _MODEL = typer.Option(..., "--model", help="Zoo model name or model file.")
 _CLUSTER = typer.Option(..., "--cluster", help="Cluster spec, e.g. 4xV100-PCIe-32GB.")
 _BATCH = typer.Option(..., "--global-batch", help="Samples per iteration.")
@@ -39,6 +42,14 @@ _OUT = typer.Option(None, "--out", help="Folder for best_plan.json, aceso_config
                     "megatron_flags.txt, ranked.json and search_log.json.")
 _FORCE = typer.Option(False, "--force", help="Overwrite existing outputs.")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
+_PRICE = typer.Option(None, "--price", help="GPU=USD per GPU-hour, overriding the catalog "
+                      "(repeatable), e.g. --price A10=1.5.")
+_TOKENS = typer.Option(None, "--tokens", help="Tokens the training run covers: prints its days "
+                       "and dollars at the best plan's speed.")
+_BUDGET_USD = typer.Option(None, "--budget-usd", help="Fail (exit 1, saying how close the best "
+                           "came) when the run over --tokens costs more.")
+_DEADLINE = typer.Option(None, "--deadline-days", help="Fail (exit 1, saying how close the best "
+                         "came) when the run over --tokens takes longer.")
 
 @user_errors
 def search_command(
@@ -46,9 +57,12 @@ def search_command(
     global_batch: int = _BATCH, memory_limit_gb: float | None = _MEM,
     time_budget_s: float = _BUDGET, profile: Path | None = _PROFILE,
     objective: str = _OBJ, top: int = _TOP, out: Path | None = _OUT, force: bool = _FORCE,
-    as_json: bool = _JSON,
+    as_json: bool = _JSON, price: list[str] | None = _PRICE, tokens: float | None = _TOKENS,
+    budget_usd: float | None = _BUDGET_USD, deadline_days: float | None = _DEADLINE,
 ) -> None:
     """Search parallel plans for MODEL on CLUSTER and print the best ones."""
+    prices = parse_prices(price)
+    check_limits(tokens, budget_usd, deadline_days)
     check_out_dir(out, SEARCH_OUTPUT_FILES, force)
     console = Console(stderr=True)
     with Progress(TextColumn(method), BarColumn(),
@@ -66,7 +80,8 @@ def search_command(
 
         result = api.search(model, cluster, global_batch=global_batch, method=method,
                             memory_limit_gb=memory_limit_gb, time_budget_s=time_budget_s,
-                            profile=profile, objective=objective, top=top, on_record=tick)
+                            profile=profile, objective=objective, top=top, prices=prices,
+                            on_record=tick)
     written: list[Path] = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -83,6 +98,17 @@ def search_command(
         # Not bad input (exit 2): the search ran and found nothing that fits (exit 1).
         typer.echo(f"error: {result.no_fit_reason()}", err=True)
         raise typer.Exit(1)
+    if tokens is not None:
+        s = result.best.summary
+        usd_per_hour = s.cost_usd / s.iteration_time_s * 3600 if s.iteration_time_s > 0 else 0.0
+        totals = run_totals(tokens, s.tokens_per_s, usd_per_hour)
+        miss = limit_miss(totals, budget_usd, deadline_days)
+        if miss is not None:  # the search ran; no plan meets the limit (exit 1, as no fit)
+            typer.echo(f"error: no plan meets the limits; the best ({result.best.note}) {miss}",
+                       err=True)
+            raise typer.Exit(1)
+        if not as_json:
+            typer.echo(f"best plan: {totals.describe()}")
 
 
 def plan_words(plan: ParallelPlan) -> str:
@@ -103,6 +129,10 @@ def plan_words(plan: ParallelPlan) -> str:
         words.append(f"zero {plan.zero}")
     if plan.schedule != "1f1b":
         words.append(plan.schedule)
+    if plan.dp_batch_split is not None:
+        words.append("batch split " + "/".join(str(n) for n in plan.dp_batch_split))
+    if plan.node_order is not None:
+        words.append("node order " + ",".join(str(n) for n in plan.node_order))
     return ", ".join(words)
 
 

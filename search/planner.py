@@ -33,8 +33,22 @@ from trainsim.workloads.plan import ParallelPlan
 OBJECTIVES = ("throughput", "cost", "energy")
 """What a search optimises."""
 
+MAX_GLOBAL_BATCH = 1_000_000
+"""Largest global batch a search takes: each plan lowers global_batch / (dp × micro-batch)
+micro-batches, and real runs use a few thousand samples (Llama 3 405B: 16M tokens = 2,048
+sequences of 8,192)."""
+
 BYTES_PER_MB = 1e6
 """Aceso's memory limits are in MB (10^6 bytes): 12000 MB on 4 GPUs, 28000 MB on 32."""
+
+
+def check_global_batch(global_batch: object) -> None:
+    """A positive integer up to MAX_GLOBAL_BATCH, else one clear line."""
+    if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
+        raise SpecError(f"search.global_batch={global_batch!r} must be a positive integer")
+    if global_batch > MAX_GLOBAL_BATCH:
+        raise SpecError(f"--global-batch {global_batch:,} is above {MAX_GLOBAL_BATCH:,} samples: "
+                        f"every candidate would lower that many samples' micro-batches")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,9 +71,7 @@ class SearchSpec:
     """How many ranked plans the result keeps."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.global_batch, int) or self.global_batch < 1:
-            raise SpecError(f"search.global_batch={self.global_batch!r} must be a positive "
-                            f"integer")
+        check_global_batch(self.global_batch)
         if self.memory_limit_bytes is not None and not self.memory_limit_bytes > 0:
             raise SpecError(f"search.memory_limit_bytes={self.memory_limit_bytes!r} must be > 0")
         if not self.time_budget_s > 0:

@@ -44,7 +44,7 @@ class BlockCosts:
     """Bytes a recomputed layer materialises for its backward (a stage needs its largest)."""
     sums: dict[str, np.ndarray]
     """Prefix sums (leading 0; a stage of blocks i..j-1 costs p[j] - p[i]) of "estimate"
-    (compute + tp collectives), "compute", "weight", "static" and "kept"."""
+    (compute + tp collectives), "compute", "forward", "weight", "static" and "kept"."""
 
 
 def prefix(what: np.ndarray) -> np.ndarray:
@@ -84,7 +84,7 @@ class BlockCostTable:
                             else self.seq_len)
         w, g, o = optimizer_bytes_per_param(self.dtype)
         n = self.num_blocks
-        compute, weight, comm, static, kept, extra = (np.zeros(n) for _ in range(6))
+        compute, forward, weight, comm, static, kept, extra = (np.zeros(n) for _ in range(7))
         bw = self._intra.get(gpu_name, float("inf"))
         block, seen_block, cache = 0, False, {}
         for layer in graph.layers:
@@ -98,6 +98,7 @@ class BlockCostTable:
                     cost_model=self.cost_model, gpu=gpu, freq_mhz=None, dtype=self.dtype)
             c = cache[key]
             compute[block] += c.forward.time_s + c.backward.time_s + c.recompute.time_s
+            forward[block] += c.forward.time_s
             weight[block] += c.backward_weight.time_s
             needs = (*c.fwd_comm, *c.bwd_comm, *c.recompute_comm)
             if tp > 1:
@@ -106,6 +107,7 @@ class BlockCostTable:
             kept[block] += c.kept_activation_bytes
             extra[block] = max(extra[block], c.recompute_activation_bytes)
         sums = {"estimate": prefix(compute + comm), "compute": prefix(compute),
+                "forward": prefix(forward),
                 "weight": prefix(weight), "static": prefix(static), "kept": prefix(kept)}
         return BlockCosts(compute_s=compute, weight_s=weight, comm_s=comm, static_bytes=static,
                           kept_bytes=kept, extra_bytes=extra, sums=sums)

@@ -10,8 +10,8 @@ Each candidate carries two figures:
   tensor-parallel collectives estimated) -- the planner asks the Oracle in this order;
 * `bound_s` is a lower bound on the engine's iteration time: on every replica, the compute
   stream of stage b cannot start before micro-batch 0 has crossed stages 0..b-1 forward, must
-  then run all its m forward/backward passes one at a time, and micro-batch m-1's backward
-  must still cross stages b-1..0. It counts compute only (no collective, transfer or
+  then run all its m forward/backward passes one at a time, and (1F1B, whose last pass on a
+  stage is a full backward) micro-batch m-1's backward must still cross stages b-1..0. It counts compute only (no collective, transfer or
   optimizer step), so the engine can only take longer; the planner skips every candidate
   whose bound is not below the best time found (branch and bound), and a test checks the
   bound against the engine on random plans.
@@ -145,7 +145,7 @@ class CandidateBuilder:
             if counts in seen:
                 continue
             seen.add(counts)
-            splits = [None]
+            splits: list[tuple[int, ...] | None] = [None]
             if mode == "exact":
                 split = self._split(lay, deg, counts)
                 if split is not None:
@@ -197,15 +197,21 @@ class CandidateBuilder:
                        else [self.batch // (deg.dp * mbs)] * deg.dp)
         est, bound = 0.0, 0.0
         zero_bubble = deg.schedule.startswith("zb")
-        for m, t_est, t_cmp, t_w in zip(per_replica,
-                                        self._replica_times(lay, deg, counts, "estimate"),
-                                        self._replica_times(lay, deg, counts, "compute"),
-                                        self._replica_times(lay, deg, counts, "weight")):
+        for m, t_est, t_cmp, t_w, t_f in zip(per_replica,
+                                             self._replica_times(lay, deg, counts, "estimate"),
+                                             self._replica_times(lay, deg, counts, "compute"),
+                                             self._replica_times(lay, deg, counts, "weight"),
+                                             self._replica_times(lay, deg, counts, "forward")):
             # 1F1B: micro-batch 0 crosses every stage, the slowest stage runs the other m-1;
             # a zero-bubble schedule takes the first crossing's W passes off that path
             first = sum(t_est) - (sum(t_w) if zero_bubble else 0.0)
             est = max(est, first + (m - 1) * max(t_est))
-            before = np.concatenate(([0.0], np.cumsum(t_cmp)[:-1]))
+            # before stage b: micro-batch 0's forward over stages < b; after it, 1F1B only (its
+            # last pass is a full backward): that backward over stages < b. A zero-bubble
+            # stage may end on a deferred W pass while the stages before it run their last
+            # backward, so it gets no tail.
+            crossing = np.asarray(t_f) if zero_bubble else np.asarray(t_cmp)
+            before = np.concatenate(([0.0], np.cumsum(crossing)[:-1]))
             bound = max(bound, float(np.max(before + m * np.asarray(t_cmp))))
         fields: dict[str, Any] = {
             "dp": deg.dp, "tp": deg.tp, "pp": deg.pp, "micro_batch_size": mbs,

@@ -96,8 +96,8 @@ def plan_composition(model: ModelSpec, spec: str, global_batch: int,
     gpus: dict[str, int] = {}
     for g in cluster.node_groups:
         gpus[g.gpu.name] = gpus.get(g.gpu.name, 0) + g.num_gpus
-    base = dict(composition=spec, gpus=tuple(gpus.items()), mixed=len(gpus) > 1,
-                usd_per_hour=cluster.price_per_hour_usd)
+    base = {"composition": spec, "gpus": tuple(gpus.items()), "mixed": len(gpus) > 1,
+                "usd_per_hour": cluster.price_per_hour_usd}
     try:
         planner_obj = HeteroPlanner(name="hetero", **planner)
         request = SearchSpec(model=model, cluster=cluster, global_batch=global_batch,
@@ -163,5 +163,12 @@ def beats_halves(points: Sequence[ParetoPoint]) -> list[tuple[ParetoPoint, list[
     return out
 
 
-__all__ = ["GpuRange", "SWEEP_PLANNER", "beats_halves", "compositions", "parse_range",
-           "plan_composition", "sweep"]
+__all__ = [
+    "SWEEP_PLANNER",
+    "GpuRange",
+    "beats_halves",
+    "compositions",
+    "parse_range",
+    "plan_composition",
+    "sweep",
+]

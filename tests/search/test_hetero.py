@@ -1,0 +1,243 @@
+"""The heterogeneous planners (search/hetero): partitions, bound, space and search properties.
+
+- the exact partition is the brute-force optimum of its objective under memory caps;
+- block costs summed over a stage equal what the lowering charges that stage;
+- the lower bound never exceeds the engine's iteration time (random plans);
+- `hetero` is never worse than `fasop` or `uniform` on small cases;
+- writing the cluster's node groups in another order gives the same best plan and time, and a
+  homogeneous cluster written as two identical groups plans like one group;
+- `node_order` is checked like every plan field.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from trainsim.errors import PlanError, SpecError
+from trainsim.hwmodels.cluster import parse_cluster
+from trainsim.search.hetero.block_costs import BlockCostTable
+from trainsim.search.hetero.candidates import CandidateBuilder, Degrees
+from trainsim.search.hetero.objectives import limit_miss, parse_prices, run_totals, with_prices
+from trainsim.search.hetero.partition import (
+    exact_partition,
+    minmax_partition,
+    stage_times,
+    uniform_counts,
+)
+from trainsim.search.hetero.planner import HeteroPlanner
+from trainsim.search.hetero.space import cyclic_orders, distinct_orders, node_kinds
+from trainsim.search.oracle import Oracle
+from trainsim.search.planner import SearchSpec, run_search
+from trainsim.workloads.lowering.layout import stage_layout
+from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.zoo import get_model
+
+SMALL = get_model("gpt3-125m")
+FAST = {"recompute": ("none",), "schedules": ("1f1b",), "refine_rounds": 0}
+"""A smaller `hetero` space for the order-property tests (each runs a dozen searches)."""
+
+
+# ---------------------------------------------------------------- partitions
+def _all_counts(blocks: int, stages: int):
+    for cuts in itertools.combinations(range(1, blocks), stages - 1):
+        bounds = (0, *cuts, blocks)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(stages))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_exact_partition_is_the_brute_force_optimum(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    blocks, stages, m = int(rng.integers(4, 10)), int(rng.integers(2, 4)), int(rng.integers(1, 9))
+    speed = rng.uniform(0.3, 3.0, size=stages)  # per-stage GPU speed
+    cost = rng.uniform(0.5, 2.0, size=blocks)
+    prefix = [np.concatenate(([0.0], np.cumsum(cost / s))) for s in speed]
+    cap = rng.uniform(0.3, 1.0) * blocks  # memory: at most `cap` blocks on the slower stages
+    fits = []
+    for k in range(stages):
+        i, j = np.meshgrid(np.arange(blocks + 1), np.arange(blocks + 1), indexing="ij")
+        fits.append((j - i <= cap) | (speed[k] > 1.5))
+    best = None
+    for counts in _all_counts(blocks, stages):
+        first, ok = 0, True
+        for k, c in enumerate(counts):
+            ok = ok and bool(fits[k][first, first + c])
+            first += c
+        if not ok:
+            continue
+        t = stage_times(prefix, counts)
+        score = sum(t) + (m - 1) * max(t)
+        best = score if best is None else min(best, score)
+    got = exact_partition(prefix, blocks, m, fits, max_rounds=10_000)
+    if best is None:
+        assert got is None
+        return
+    assert got is not None and sum(got) == blocks and min(got) >= 1
+    t = stage_times(prefix, got)
+    assert sum(t) + (m - 1) * max(t) == pytest.approx(best, rel=1e-12)
+
+
+def test_minmax_partition_never_raises_the_slowest_stage() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        speed = rng.uniform(0.3, 3.0, size=4)
+        prefix = [np.arange(25, dtype=float) / s for s in speed]  # 24 equal blocks
+        uniform = max(stage_times(prefix, uniform_counts(24, 4)))
+        counts = minmax_partition(prefix, 24)
+        assert sum(counts) == 24 and min(counts) >= 1
+        assert max(stage_times(prefix, counts)) <= uniform
+
+
+# ---------------------------------------------------------------- costs and bound
+def test_block_costs_sum_to_the_lowerings_stage_costs() -> None:
+    cluster = parse_cluster("1x2xA100-SXM4-40GB+1x2xA10")
+    plan = ParallelPlan.build(SMALL, cluster, dp=1, tp=1, pp=4, micro_batch_size=2,
+                              global_batch=8, stage_layers=(5, 2, 3, 2), node_order=(1, 0))
+    layout = stage_layout(SMALL, cluster, plan)
+    table = BlockCostTable(SMALL, cluster)
+    first = 0
+    for k, count in enumerate((5, 2, 3, 2)):
+        gpu = cluster.gpu(layout.stage_gpu_ranks[k][0]).name
+        c = table.costs(gpu, 1, 2, "none")
+        got = float(c.compute_s[first:first + count].sum())
+        lowered = layout.costs[(k, None)]
+        want = lowered.forward.time_s + lowered.backward.time_s + lowered.recompute.time_s
+        assert got == pytest.approx(want, rel=1e-9), (k, gpu)
+        first += count
+
+
+def test_bound_never_exceeds_the_engine_time() -> None:
+    cluster = parse_cluster("1x4xA100-SXM4-40GB+2x4xA10")
+    table = BlockCostTable(SMALL, cluster)
+    builder = CandidateBuilder(table, cluster, 24, memory_limit_bytes=None)
+    oracle = Oracle(SMALL, cluster)
+    rng = random.Random(3)
+    orders = cyclic_orders(cluster)
+    checked = 0
+    for _ in range(14):
+        tp = rng.choice([1, 2, 4])
+        dp = rng.choice([d for d in (1, 2, 3, 4, 6, 12) if (12 // tp) % d == 0 and 24 % d == 0])
+        pp = 12 // (tp * dp)
+        mbs = rng.choice([b for b in (1, 2, 4) if (24 // dp) % b == 0])
+        deg = Degrees(dp=dp, tp=tp, pp=pp, micro_batch_size=mbs,
+                      recompute=rng.choice(["none", "full"]),
+                      schedule=rng.choice(["1f1b", "zb-h1"]) if pp > 1 else "1f1b")
+        for cand in builder.build(deg, rng.choice(orders), "exact", "test"):
+            summary = oracle.evaluate(cand.fields)
+            assert cand.bound_s <= summary.iteration_time_s, cand.note
+            assert cand.bound_s > 0.3 * summary.iteration_time_s, cand.note  # not vacuous
+            checked += 1
+    assert checked >= 14
+
+
+# ---------------------------------------------------------------- search properties
+def _best(model, spec: str, batch: int, name: str, **options):
+    cluster = parse_cluster(spec)
+    planner = HeteroPlanner(name=name, **options)
+    result = run_search(planner, SearchSpec(model=model, cluster=cluster, global_batch=batch,
+                                            time_budget_s=300),
+                        oracle=Oracle(model, cluster))
+    assert result.best is not None, result.no_fit_reason()
+    return result.best, planner, cluster
+
+
+@pytest.mark.parametrize(("model", "spec", "batch"), [
+    ("gpt3-125m", "1x4xA100-SXM4-40GB+2x4xA10", 16),
+    ("bert-345m", "1x4xA100-SXM4-40GB+3x4xA10", 64),
+])
+def test_hetero_is_never_worse_than_fasop_or_uniform(model: str, spec: str, batch: int) -> None:
+    m = get_model(model)
+    times = {}
+    for name in ("uniform", "fasop", "hetero"):
+        best, planner, _ = _best(m, spec, batch, name)
+        assert planner.stats["complete"], name
+        times[name] = best.summary.iteration_time_s
+    assert times["hetero"] <= times["fasop"] * (1 + 1e-12)
+    assert times["hetero"] <= times["uniform"] * (1 + 1e-12)
+    assert times["hetero"] < times["uniform"]  # heterogeneity pays on these cases
+
+
+def _shape(best, cluster) -> tuple:
+    """The best plan without node indices: its fields and each node's GPU kind in order."""
+    plan = best.plan.to_dict()
+    kinds = node_kinds(cluster)
+    order = tuple(kinds[n] for n in plan.pop("node_order"))
+    return plan, order
+
+
+@pytest.mark.parametrize("groups", [
+    ("1x4xA100-SXM4-40GB", "1x4xA10", "1x4xV100-SXM2-16GB"),
+    ("2x4xA10", "1x4xA100-SXM4-40GB"),
+])
+def test_group_order_does_not_change_the_best_plan(groups: tuple[str, ...]) -> None:
+    results = []
+    for perm in itertools.permutations(groups):
+        best, _, cluster = _best(SMALL, "+".join(perm), 16, "hetero", **FAST)
+        results.append((best.summary.iteration_time_s, _shape(best, cluster)))
+    t0, shape0 = results[0]
+    for t, shape in results[1:]:
+        assert t == pytest.approx(t0, rel=1e-9)
+        assert shape == shape0
+
+
+def test_two_identical_groups_plan_like_one() -> None:
+    one, _, c1 = _best(SMALL, "2x4xA10", 16, "hetero", **FAST)
+    two, _, c2 = _best(SMALL, "1x4xA10+1x4xA10", 16, "hetero", **FAST)
+    assert two.summary.iteration_time_s == pytest.approx(one.summary.iteration_time_s, rel=1e-9)
+    assert _shape(two, c2) == _shape(one, c1)
+
+
+def test_orders_cover_the_rotations_and_ignore_the_writing_order() -> None:
+    a = parse_cluster("1x4xA100-SXM4-40GB+3x4xA10")
+    b = parse_cluster("3x4xA10+1x4xA100-SXM4-40GB")
+    assert len(cyclic_orders(a)) == 4
+    seq = lambda c, orders: [tuple(node_kinds(c)[n] for n in o) for o in orders]
+    got_a, complete = distinct_orders(a)
+    assert complete and seq(a, got_a) == seq(b, distinct_orders(b)[0])
+    assert set(seq(a, cyclic_orders(a))) <= set(seq(a, got_a))
+
+
+# ---------------------------------------------------------------- plan field and money
+def test_node_order_is_checked() -> None:
+    cluster = parse_cluster("1x4xA100-SXM4-40GB+1x4xA10")
+    ok = ParallelPlan.build(SMALL, cluster, dp=2, tp=2, pp=2, global_batch=8,
+                            node_order=(1, 0))
+    assert ok.to_dict()["node_order"] == [1, 0]
+    assert "node_order" not in ParallelPlan.build(SMALL, cluster, dp=2, tp=2, pp=2,
+                                                  global_batch=8).to_dict()
+    for bad, word in [((0, 0), "once"), ((0,), "once"), ((0, 1, 2), "once"),
+                      (("a", 1), r"node_order\[0\]"), ((-1, 0), r"node_order\[0\]")]:
+        with pytest.raises(PlanError, match=word):
+            ParallelPlan.build(SMALL, cluster, dp=2, tp=2, pp=2, global_batch=8,
+                               node_order=bad)
+    with pytest.raises(PlanError, match="placement"):
+        ParallelPlan.build(SMALL, cluster, dp=2, tp=2, pp=2, global_batch=8,
+                           node_order=(1, 0), placement=(0, 1))
+
+
+def test_node_order_moves_the_fast_gpus() -> None:
+    cluster = parse_cluster("1x4xA100-SXM4-40GB+1x4xA10")
+    oracle = Oracle(SMALL, cluster)
+    base = {"dp": 4, "pp": 2, "global_batch": 16, "stage_layers": [9, 3]}
+    fast_first = oracle.evaluate({**base, "node_order": [0, 1]}).iteration_time_s
+    slow_first = oracle.evaluate({**base, "node_order": [1, 0]}).iteration_time_s
+    assert fast_first < slow_first  # the 9-layer stage belongs on the A100s
+
+
+def test_prices_budgets_and_deadlines() -> None:
+    cluster = with_prices(parse_cluster("1x4xA100-SXM4-40GB+1x4xA10"), {"A10": 1.0})
+    assert cluster.price_per_hour_usd == pytest.approx(4 * 4.0966 + 4 * 1.0, rel=1e-3)
+    with pytest.raises(SpecError, match="A100"):
+        with_prices(cluster, {"A100": 1.0})
+    assert parse_prices(["A10=2.5"]) == {"A10": 2.5}
+    for bad in ("A10", "A10=-1", "=3", "A10=nan"):
+        with pytest.raises(SpecError, match="--price"):
+            parse_prices([bad])
+    totals = run_totals(1e9, 1e4, 36.0)  # 1e5 s = 1.157 days, 1000 $
+    assert totals.days == pytest.approx(1e5 / 86400) and totals.usd == pytest.approx(1000.0)
+    assert limit_miss(totals, 2000.0, 2.0) is None
+    assert "2.00x the budget" in (limit_miss(totals, 500.0, None) or "")
+    assert "days" in (limit_miss(totals, None, 0.5) or "")
