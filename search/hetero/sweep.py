@@ -96,8 +96,8 @@ def plan_composition(model: ModelSpec, spec: str, global_batch: int,
     gpus: dict[str, int] = {}
     for g in cluster.node_groups:
         gpus[g.gpu.name] = gpus.get(g.gpu.name, 0) + g.num_gpus
-    base = {"composition": spec, "gpus": tuple(gpus.items()), "mixed": len(gpus) > 1,
-                "usd_per_hour": cluster.price_per_hour_usd}
+    base: dict[str, Any] = {"composition": spec, "gpus": tuple(gpus.items()),
+                            "mixed": len(gpus) > 1, "usd_per_hour": cluster.price_per_hour_usd}
     try:
         planner_obj = HeteroPlanner(name="hetero", **planner)
         request = SearchSpec(model=model, cluster=cluster, global_batch=global_batch,
