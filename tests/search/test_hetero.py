@@ -241,3 +241,25 @@ def test_prices_budgets_and_deadlines() -> None:
     assert limit_miss(totals, 2000.0, 2.0) is None
     assert "2.00x the budget" in (limit_miss(totals, 500.0, None) or "")
     assert "days" in (limit_miss(totals, None, 0.5) or "")
+
+
+def test_unequal_replicas_get_a_speed_proportional_batch_split() -> None:
+    cluster = parse_cluster("1x4xA100-SXM4-40GB+1x4xA10")
+    builder = CandidateBuilder(BlockCostTable(SMALL, cluster), cluster, 64,
+                               memory_limit_bytes=None)
+    deg = Degrees(dp=8, tp=1, pp=1, micro_batch_size=2, recompute="none")
+    cands = builder.build(deg, (0, 1), "exact", "test")
+    split = next(c.fields["dp_batch_split"] for c in cands if "dp_batch_split" in c.fields)
+    assert sum(split) == 64 and min(split[:4]) > max(split[4:])  # A100 replicas take more
+    oracle = Oracle(SMALL, cluster)
+    times = {("split" if "dp_batch_split" in c.fields else "even"):
+             oracle.evaluate(c.fields).iteration_time_s for c in cands}
+    assert times["split"] < 0.9 * times["even"]
+
+
+def test_links_between_node_kinds_run_at_the_slower_side() -> None:
+    cluster = parse_cluster("1x4xA100-SXM4-40GB+1x4xA10")
+    between = cluster.bottleneck_bytes_per_s(0, 4)
+    nics = [g.nic.bandwidth_bytes_per_s * g.nics_per_node for g in cluster.node_groups]
+    assert nics[0] != nics[1]
+    assert between == pytest.approx(min(nics))  # the A10 node's 50 Gb/s, not the A100's IB
