@@ -55,25 +55,42 @@ class MicroBatch:
     batch_size: int
     """Samples in this micro-batch (per data-parallel replica)."""
     seq_len: int
-    """Sequence length of this micro-batch's samples (padded to the longest)."""
+    """Sequence length of this micro-batch's samples (padded to the longest); for an
+    encoder-decoder model, the encoder's."""
+    target_len: int = 0
+    """Encoder-decoder models: the decoder length of this micro-batch's samples (padded to the
+    longest); 0 = the model's `decoder_seq_len`."""
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len"):
             object.__setattr__(self, name, _int(f"micro_batches: {name}", getattr(self, name),
                                                  "a positive integer", minimum=1))
+        object.__setattr__(self, "target_len", _int("micro_batches: target_len",
+                                                    self.target_len, "an integer >= 0",
+                                                    minimum=0))
+
+    def to_dict(self) -> dict[str, int]:
+        """JSON form; `target_len` only when set."""
+        out = {"batch_size": self.batch_size, "seq_len": self.seq_len}
+        if self.target_len:
+            out["target_len"] = self.target_len
+        return out
 
 
-def _micro_batch(index: int, value: Any) -> MicroBatch:
+def _micro_batch(index: int | str, value: Any) -> MicroBatch:
     """One explicit micro-batch from a MicroBatch or a {"batch_size", "seq_len"} mapping."""
     if isinstance(value, MicroBatch):
         return value
-    name = f"micro_batches[{index}]"
-    if not isinstance(value, Mapping) or set(value) != {"batch_size", "seq_len"}:
+    name = f"micro_batches[{index}]" if isinstance(index, int) else index
+    if not isinstance(value, Mapping) or not {"batch_size", "seq_len"} <= set(value) \
+            or not set(value) <= {"batch_size", "seq_len", "target_len"}:
         raise PlanError(f'plan.{name}={value!r} must be {{"batch_size": <int>, '
-                        f'"seq_len": <int>}}')
+                        f'"seq_len": <int>[, "target_len": <int>]}}')
     for key in ("batch_size", "seq_len"):
         _int(f"{name}.{key}", value[key])
-    return MicroBatch(batch_size=value["batch_size"], seq_len=value["seq_len"])
+    _int(f"{name}.target_len", value.get("target_len", 0), "an integer >= 0", minimum=0)
+    return MicroBatch(batch_size=value["batch_size"], seq_len=value["seq_len"],
+                      target_len=value.get("target_len", 0))
 
 
 def normalise_schedule(name: str) -> str:
@@ -117,6 +134,11 @@ class ParallelPlan:
     GPUs more). None: an even split (global_batch / dp each)."""
     micro_batches: tuple[MicroBatch, ...] | None = None
     """Explicit per-replica micro-batches with their own size and sequence length."""
+    replica_micro_batches: tuple[tuple[MicroBatch, ...], ...] | None = None
+    """Each data-parallel replica's own micro-batches (DynaPipe: variable-length samples are
+    grouped per iteration and the groups split over the replicas), one list per replica; the
+    replicas meet only in the gradient reduction. Sets global_batch (all samples) and
+    num_micro_batches (the longest list)."""
     seq_len: int | None = None
     """Sequence length; the model's default when None."""
     stage_layers: tuple[int, ...] | None = None
@@ -178,7 +200,10 @@ class ParallelPlan:
                             "schedule '1f1b'")
         if self.micro_batches is not None and not self.micro_batches:
             raise PlanError("plan.micro_batches is empty; give at least one micro-batch")
-        self._check_counts()
+        if self.replica_micro_batches is not None:
+            self._check_replica_lists()
+        else:
+            self._check_counts()
         if isinstance(self.recompute, str) and self.recompute not in RECOMPUTE_POLICIES:
             raise PlanError(f"plan.recompute={self.recompute!r} must be one of "
                             f"{', '.join(RECOMPUTE_POLICIES)} or a list of op names")
@@ -253,6 +278,14 @@ class ParallelPlan:
             put("micro_batches", tuple(_micro_batch(i, m) for i, m in enumerate(_items(
                 "micro_batches", self.micro_batches,
                 'a list of {"batch_size": ..., "seq_len": ...} objects'))))
+        if self.replica_micro_batches is not None:
+            what = 'a list (one per data-parallel replica) of lists of {"batch_size": ..., ' \
+                   '"seq_len": ...} objects'
+            put("replica_micro_batches", tuple(
+                tuple(_micro_batch(f"replica_micro_batches[{d}][{i}]", m)
+                      for i, m in enumerate(_items(f"replica_micro_batches[{d}]", ms, what)))
+                for d, ms in enumerate(_items("replica_micro_batches",
+                                              self.replica_micro_batches, what))))
         if self.stage_recompute is not None:
             policies = _items("stage_recompute", self.stage_recompute,
                               "a list with one recompute policy per stage")
@@ -305,6 +338,39 @@ class ParallelPlan:
         if self.global_batch is None:
             object.__setattr__(self, "global_batch",
                                cast(int, self.num_micro_batches) * self.micro_batch_size * self.dp)
+
+    def _check_replica_lists(self) -> None:
+        """`replica_micro_batches`: one non-empty list per replica, alone among the batch
+        fields; sets global_batch and num_micro_batches."""
+        lists = self.replica_micro_batches or ()
+        if len(lists) != self.dp:
+            raise PlanError(f"plan.replica_micro_batches has {len(lists)} lists but plan.dp="
+                            f"{self.dp}: give one list of micro-batches per replica")
+        for d, ms in enumerate(lists):
+            if not ms:
+                raise PlanError(f"plan.replica_micro_batches[{d}] is empty; every replica "
+                                f"needs at least one micro-batch")
+        for name in ("micro_batches", "dp_batch_split", "stage_gpus", "stage_tp",
+                     "stage_op_tp"):
+            if getattr(self, name) is not None:
+                raise PlanError(f"plan.replica_micro_batches cannot be combined with "
+                                f"plan.{name}")
+        if self.op_tp:
+            raise PlanError("plan.replica_micro_batches cannot be combined with plan.op_tp")
+        if len({len(ms) for ms in lists}) > 1 and (self.zero >= 3 or self.ep > 1):
+            raise PlanError("plan.replica_micro_batches gives replicas different micro-batch "
+                            "counts, which zero=3 weight gathers and expert all-to-alls (run "
+                            "in lockstep per micro-batch) cannot follow; use equal counts")
+        total = sum(m.batch_size for ms in lists for m in ms)
+        if self.global_batch is not None and self.global_batch != total:
+            raise PlanError(f"plan.global_batch={self.global_batch} but plan."
+                            f"replica_micro_batches hold {total} samples")
+        longest = max(len(ms) for ms in lists)
+        if self.num_micro_batches is not None and self.num_micro_batches != longest:
+            raise PlanError(f"plan.num_micro_batches={self.num_micro_batches} disagrees with "
+                            f"plan.replica_micro_batches (the longest list has {longest})")
+        object.__setattr__(self, "global_batch", total)
+        object.__setattr__(self, "num_micro_batches", longest)
 
     def _check_batch_split(self, split: tuple[int, ...]) -> None:
         """`dp_batch_split` against dp, micro_batch_size and global_batch; sets global_batch and
@@ -439,14 +505,28 @@ class ParallelPlan:
         share over micro_batch_size, else `num_micro_batches` on every replica."""
         if self.dp_batch_split is not None:
             return tuple(n // self.micro_batch_size for n in self.dp_batch_split)
+        if self.replica_micro_batches is not None:
+            return tuple(len(ms) for ms in self.replica_micro_batches)
         assert self.num_micro_batches is not None  # set in __post_init__
         return (self.num_micro_batches,) * self.dp
 
+    def replica_micro_batch_lists(self, default_seq_len: int) -> tuple[tuple[MicroBatch, ...],
+                                                                        ...]:
+        """Each replica's micro-batches: its own list, else the first `count` of the shared
+        list (`replica_micro_batch_counts`)."""
+        if self.replica_micro_batches is not None:
+            return self.replica_micro_batches
+        shared = self.micro_batch_list(default_seq_len)
+        return tuple(shared[:m] for m in self.replica_micro_batch_counts())
+
     def micro_batch_list(self, default_seq_len: int) -> tuple[MicroBatch, ...]:
         """The per-replica micro-batches, explicit or uniform (with `dp_batch_split`, the
-        largest replica's; the others run a prefix of them)."""
+        largest replica's; the others run a prefix of them; with `replica_micro_batches`, the
+        longest list)."""
         if self.micro_batches is not None:
             return self.micro_batches
+        if self.replica_micro_batches is not None:
+            return max(self.replica_micro_batches, key=len)
         seq = self.seq_len or default_seq_len
         assert self.num_micro_batches is not None  # set in __post_init__
         return tuple(MicroBatch(batch_size=self.micro_batch_size, seq_len=seq)
@@ -659,11 +739,14 @@ class ParallelPlan:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if (f.name in ("dp_batch_split", "node_order") and value is None) or \
+            if (f.name in ("dp_batch_split", "node_order", "replica_micro_batches")
+                    and value is None) or \
                     (f.name == "overlap_grad_reduce" and value):
                 continue
             if f.name == "micro_batches" and value is not None:
-                value = [{"batch_size": m.batch_size, "seq_len": m.seq_len} for m in value]
+                value = [m.to_dict() for m in value]
+            elif f.name == "replica_micro_batches" and value is not None:
+                value = [[m.to_dict() for m in ms] for ms in value]
             elif f.name in ("op_tp", "instruction_freq_mhz"):
                 value = dict(value)
             elif f.name == "stage_op_tp" and value is not None:

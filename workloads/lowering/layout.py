@@ -8,6 +8,7 @@ what `lower` emits (the energy planner).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +25,14 @@ from trainsim.workloads.op_work import InstructionCosts
 from trainsim.workloads.plan import MicroBatch, ParallelPlan
 from trainsim.workloads.stage_costs import instruction_costs
 
-MbKey = tuple[int, int]
-"""(batch size, sequence length) of a micro-batch: what its graph and costs depend on."""
+MbKey = tuple[int, int, int]
+"""(batch size, sequence length, target length) of a micro-batch: what its graph and costs
+depend on (target length 0: the model's decoder length)."""
+
+
+def key_of(mb: MicroBatch) -> MbKey:
+    """The MbKey of a micro-batch."""
+    return (mb.batch_size, mb.seq_len, mb.target_len)
 
 Unit = tuple[tuple[int, ...], tuple[int, ...]]
 """(program ranks, physical tp group) of one replica unit of a stage."""
@@ -42,6 +49,8 @@ class ScheduleGroup:
     """The schedule: physical stage -> its actions in order."""
     classes: tuple[int, ...]
     """Indices into `LoweringLayout.classes`."""
+    micro_batches: tuple[MicroBatch, ...] = ()
+    """The micro-batches the group's replicas run (action micro-batch j is entry j)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,6 +129,7 @@ class LoweringLayout:
                           and not any(self.has_op_tp(s) for s in range(plan.pp)))
         """Whether every stage has the same dp replicas, so replica d (the d-th tp group of each
         stage) is one pipeline that can run at its own speed and batch share."""
+        self.replica_lists = plan.replica_micro_batch_lists(model.seq_len or 1)
         self.fold, self.classes, self.class_counts = self._replica_classes()
         C = len(self.classes)
         self.class_of_replica = {d: c for c, reps in enumerate(self.classes) for d in reps}
@@ -158,14 +168,17 @@ class LoweringLayout:
             fold = opt.fold and all(self._uniform_gpu(s) for s in range(plan.pp))
             return fold, [tuple(range(plan.dp_of_stage(0)))], [m]
         counts = plan.replica_micro_batch_counts()
+        # what a replica runs: its micro-batch count, or its own list's shapes when it has one
+        runs: list[Any] = (list(counts) if plan.replica_micro_batches is None else
+                           [(len(ms), tuple(key_of(m) for m in ms)) for ms in self.replica_lists])
         fold = opt.fold and all(len({self.cluster.gpu(r).name for r in self.replica_ranks(s, d)})
                                 == 1 for s in range(plan.pp) for d in range(plan.dp))
         keys: dict[Any, list[int]] = {}
         for d in range(plan.dp):
-            key: Any = ((counts[d], tuple(tuple(self._group_key(r) for r in
-                                                self.replica_ranks(s, d))
-                                          for s in range(plan.pp)))
-                        if fold else counts[d])
+            key: Any = ((runs[d], tuple(tuple(self._group_key(r) for r in
+                                              self.replica_ranks(s, d))
+                                        for s in range(plan.pp)))
+                        if fold else runs[d])
             keys.setdefault(key, []).append(d)
         ordered = sorted(keys) if fold and len(keys) > 1 else list(keys)
         return fold, [tuple(keys[k]) for k in ordered], [counts[keys[k][0]] for k in ordered]
@@ -185,13 +198,19 @@ class LoweringLayout:
         raise IndexError(rank)
 
     def _schedule_groups(self) -> list[ScheduleGroup]:
-        """Classes grouped by micro-batch count (one schedule each), the most first."""
-        by_count: dict[int, list[int]] = {}
-        for c, m in enumerate(self.class_counts):
-            by_count.setdefault(m, []).append(c)
-        return [ScheduleGroup(count=m, order=self.order if m == len(self.micro_batches)
-                              else self._schedule(m), classes=tuple(by_count[m]))
-                for m in sorted(by_count, reverse=True)]
+        """Classes grouped by the micro-batches they run (one schedule each), the most first;
+        without per-replica lists, replicas run a prefix of one list, so this groups by count."""
+        by_list: dict[tuple[MbKey, ...], list[int]] = {}
+        lists: dict[tuple[MbKey, ...], tuple[MicroBatch, ...]] = {}
+        for c, reps in enumerate(self.classes):
+            ms = self.replica_lists[reps[0]] if self.separable else self.micro_batches
+            key = tuple(key_of(m) for m in ms)
+            by_list.setdefault(key, []).append(c)
+            lists[key] = ms
+        return [ScheduleGroup(count=len(key), order=self.order if len(key) == len(
+                    self.micro_batches) else self._schedule(len(key)),
+                              classes=tuple(by_list[key]), micro_batches=lists[key])
+                for key in sorted(by_list, key=lambda k: (-len(k), k))]
 
     def group_units(self, s: int, group: ScheduleGroup) -> list[int]:
         """Indices (into `units(s)`) of the units of stage `s` that `group`'s classes run."""
@@ -314,10 +333,13 @@ class LoweringLayout:
         return out
 
     def graph(self, mb: MicroBatch) -> ModelGraph:
-        key = (mb.batch_size, mb.seq_len)
+        key = key_of(mb)
         if key not in self.graphs:
             seq = None if self.model.family == "wresnet" else mb.seq_len
-            self.graphs[key] = build_graph(self.model, mb.batch_size, seq)
+            model = self.model
+            if mb.target_len and model.family == "t5":
+                model = dataclasses.replace(model, decoder_seq_len=mb.target_len)
+            self.graphs[key] = build_graph(model, mb.batch_size, seq)
         return self.graphs[key]
 
     # ------------------------------------------------------------------ costs
@@ -335,7 +357,7 @@ class LoweringLayout:
         b = self.plan.replica_batch(phys, mb_key[0])
         if b == mb_key[0]:
             return self.graphs[mb_key]
-        return self.graph(MicroBatch(batch_size=b, seq_len=mb_key[1]))
+        return self.graph(MicroBatch(batch_size=b, seq_len=mb_key[1], target_len=mb_key[2]))
 
     def costs(self, vstage: int, mb_key: MbKey, freq: float | None,
               gpu: GpuSpec | None = None) -> InstructionCosts:
@@ -360,7 +382,8 @@ class LoweringLayout:
             idx = self.stage_layers[vstage]
             degrees = stage_op_degrees(
                 self.plan, s, self.plan.replica_batch(s, mb_key[0]),
-                lambda b: [self.graph(MicroBatch(batch_size=b, seq_len=mb_key[1])).layers[i]
+                lambda b: [self.graph(MicroBatch(batch_size=b, seq_len=mb_key[1],
+                                                 target_len=mb_key[2])).layers[i]
                            for i in idx])
         return instruction_costs(layers, tp=self.plan.tp_of_stage(s), sp=self.plan.sp,
                                  ep=self.plan.ep, recompute=self.plan.recompute_of_stage(s),
@@ -432,10 +455,12 @@ class LoweringLayout:
                                         for r in prog}
         return found
 
-    def mb_key(self, j: int) -> MbKey:
-        """(batch size, sequence length) of micro-batch `j`."""
-        mb = self.micro_batches[j]
-        return (mb.batch_size, mb.seq_len)
+    def mb_key(self, j: int, group: ScheduleGroup | None = None) -> MbKey:
+        """The shape of micro-batch `j` (of `group`'s list when given: replicas with their
+        own micro-batches)."""
+        mb = group.micro_batches[j] if group is not None and group.micro_batches \
+            else self.micro_batches[j]
+        return key_of(mb)
 
     def phys_stage_of_prog(self, p: int) -> int:
         """Physical stage program rank `p` belongs to."""
@@ -467,20 +492,19 @@ class LoweringLayout:
         return found
 
     # ------------------------------------------------------------------ stage boundaries
-    def boundary_bytes(self, k: int, j: int) -> float:
-        """Bytes crossing the boundary after virtual stage `k` for micro-batch `j` (per GPU);
-        cached per micro-batch shape."""
-        key = (k, self.mb_key(j))
+    def boundary_bytes(self, k: int, j: int, group: ScheduleGroup | None = None) -> float:
+        """Bytes crossing the boundary after virtual stage `k` for micro-batch `j` (of
+        `group`'s list when given) per GPU; cached per micro-batch shape."""
+        key = (k, self.mb_key(j, group))
         found = self._boundary.get(key)
         if found is None:
-            found = self._boundary[key] = self._boundary_bytes(k, j)
+            found = self._boundary[key] = self._boundary_bytes(k, key[1])
         return found
 
-    def _boundary_bytes(self, k: int, j: int) -> float:
+    def _boundary_bytes(self, k: int, key: MbKey) -> float:
         """Bytes crossing the boundary after virtual stage `k` for micro-batch `j` (per GPU):
         the last layer's output, plus the encoder output when layers after the boundary
         still read it (T5 cross attention; Megatron-LM sends both through its pipeline)."""
-        key = self.mb_key(j)
         size = self.costs(k, key, None).output_bytes
         layers = self.graphs[key].layers
         cut = self.stage_layers[k][-1] + 1

@@ -55,7 +55,13 @@ from trainsim.workloads.lowering.comm import (
     kind_of,
 )
 from trainsim.workloads.lowering.gradient_sync import GradientSync
-from trainsim.workloads.lowering.layout import LoweringLayout, MbKey, ScheduleGroup, Unit
+from trainsim.workloads.lowering.layout import (
+    LoweringLayout,
+    MbKey,
+    ScheduleGroup,
+    Unit,
+    key_of,
+)
 from trainsim.workloads.lowering.options import LoweringOptions
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.op_work import InstructionCosts, Work
@@ -183,10 +189,9 @@ class _Lowering:
                         final_kind[a.stage] = a.kind
             for phys in sorted(group.order):
                 for a in group.order[phys]:
-                    mb = layout.micro_batches[a.micro_batch]
+                    mb = group.micro_batches[a.micro_batch]
                     layout.graph(mb)
-                    c = layout.costs(a.stage, (mb.batch_size, mb.seq_len),
-                                     layout.freq(a.stage, a))
+                    c = layout.costs(a.stage, key_of(mb), layout.freq(a.stage, a))
                     sync_now = (last_bwd.get(a.stage) == (a.kind, a.micro_batch)
                                 and self.opt.communication
                                 and (bool(sync.grad_groups(phys, c))
@@ -221,7 +226,7 @@ class _Lowering:
         n = len(per_bucket)
         layout = self.layout
         freq = layout.freq(k, a)
-        mb_key = layout.mb_key(j)
+        mb_key = layout.mb_key(j, group)
         bkey = (k, a.kind, mb_key, freq, n, final_kind, gi)
         blk = self._blocks.get(bkey)
         if blk is None:
@@ -323,7 +328,7 @@ class _Lowering:
         freqs = [[freq or self.max_clock_mhz[p] for p in prog] for prog, _ in units]
         op_tp = layout.has_op_tp(phys)
         # each program rank runs at its own GPU type's speed (a mixed cluster's replicas differ)
-        mb_key = layout.mb_key(a.micro_batch)
+        mb_key = layout.mb_key(a.micro_batch, group)
         rank_costs = [[layout.costs(k, mb_key, freq, self.cluster.gpu(layout.represents[p][0]))
                        for p in prog] for prog, _ in units]
         recompute = None
@@ -361,7 +366,7 @@ class _Lowering:
                       last_layer=layers[-1], recompute=recompute, main=main,
                       final=a.kind == final_kind, extra_free=c.recompute_activation_bytes,
                       ep_needs=ep_needs if self.plan.ep >= 2 else (),
-                      send=self._send_plan(a, unit_ids))
+                      send=self._send_plan(a, unit_ids, group))
 
     def _tp_plan(self, needs: tuple[CommNeed, ...], s: int, prog: tuple[int, ...],
                  group: tuple[int, ...], name: str, unit: int) -> PlannedComm | None:
@@ -434,16 +439,16 @@ class _Lowering:
                         tail[r] = out[-1:]
         return sorted({d for r in prog for d in tail[r]})
 
-    def _send_plan(self, a: Action, unit_ids: list[int]) -> _Send | None:
+    def _send_plan(self, a: Action, unit_ids: list[int], group: ScheduleGroup) -> _Send | None:
         """Point-to-point transfer of activations (after F) or gradients (after B/I) to the
         neighbouring stage, per sending unit of `unit_ids` (the stage's units that run `a`): the
         transfers and the receiving unit of each."""
         k, j = a.stage, a.micro_batch
         layout = self.layout
         if a.kind == "F" and k < self.plan.num_stages - 1:
-            dst, direction, size = k + 1, "F", layout.boundary_bytes(k, j)
+            dst, direction, size = k + 1, "F", layout.boundary_bytes(k, j, group)
         elif a.kind in ("B", "I") and k > 0:
-            dst, direction, size = k - 1, "B", layout.boundary_bytes(k - 1, j)
+            dst, direction, size = k - 1, "B", layout.boundary_bytes(k - 1, j, group)
         else:
             return None
         src_s, dst_s = layout.phys_stage(k), layout.phys_stage(dst)
@@ -510,10 +515,16 @@ class _Lowering:
             gpu_names.append(gpu.name)
             peaks.append(float(gpu.peak_flops(plan.dtype)))
         mbs = layout.micro_batches
-        if plan.dp_batch_split is None:
+        if plan.replica_micro_batches is not None:
+            every = [mb for ms in layout.replica_lists for mb in ms]
+            model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
+                              for mb in every)
+            tokens: int | None = sum(mb.batch_size * (mb.seq_len + mb.target_len)
+                                     for mb in every)
+        elif plan.dp_batch_split is None:
             model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
                               for mb in mbs) * plan.dp
-            tokens: int | None = sum(mb.batch_size * mb.seq_len for mb in mbs) * plan.dp
+            tokens = sum(mb.batch_size * mb.seq_len for mb in mbs) * plan.dp
         else:  # replica d runs the first counts[d] micro-batches
             counts = plan.replica_micro_batch_counts()
             model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
