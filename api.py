@@ -15,6 +15,7 @@ Layers below (hwmodels, workloads, simulator, search, validate) take resolved ob
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -31,6 +32,8 @@ from trainsim.search.exports import search_output_files
 from trainsim.search.hetero.objectives import with_prices
 from trainsim.search.hetero.pareto import ParetoPoint
 from trainsim.search.hetero.sweep import compositions, parse_range, sweep
+from trainsim.search.microbatch.planner import METHODS as MICROBATCH_METHODS
+from trainsim.search.microbatch.planner import MethodResult, MicroBatchPlanner
 from trainsim.search.methods import get_planner
 from trainsim.search.oracle import Oracle
 from trainsim.search.planner import SearchRecord, SearchResult, SearchSpec, run_search
@@ -49,6 +52,15 @@ from trainsim.validate.small_models import get_validation_model, list_validation
 from trainsim.validate.trace_record import MeasuredTrace, import_kineto, parse_plan
 from trainsim.validate.trace_record import record_trace as _record_trace
 from trainsim.workloads.framework import apply_framework
+from trainsim.workloads.lengths import (
+    LengthDataset,
+    fit_max_len,
+    iteration_batches,
+    list_mixtures,
+    read_lengths,
+    tokenize_lengths,
+)
+from trainsim.workloads.lengths import synthetic as synthetic_lengths
 from trainsim.workloads.lowering import LoweringOptions, lower
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.model_summary import model_summary
@@ -448,6 +460,68 @@ def pareto(model: str | ModelSpec, gpus: Sequence[str], *, global_batch: int,
             raise SpecError(str(unknown_name("GPU in prices", name, sorted(swept))))
     return sweep(spec, specs, global_batch, prices=prices, workers=workers,
                  time_budget_s=time_budget_s, on_done=on_done)
+
+
+def length_dataset(*, lengths: str | Path | None = None, column: str | None = None,
+                   target_column: str | None = None, synthetic: str | None = None,
+                   text: str | Path | None = None, tokenizer: str | Path | None = None,
+                   samples: int = 10_000, seed: int = 0) -> LengthDataset:
+    """The sample lengths of a run: a lengths file (txt/CSV/Parquet), a named synthetic
+    mixture, or a text file (txt/JSONL) through a local tokenizer -- exactly one of them."""
+    given = [x for x in (lengths, synthetic, text) if x is not None]
+    if len(given) != 1:
+        raise SpecError("give exactly one of --lengths FILE, --synthetic NAME or --text FILE "
+                        "(with --tokenizer)")
+    if lengths is not None:
+        return read_lengths(lengths, column=column, target_column=target_column)
+    if synthetic is not None:
+        return synthetic_lengths(synthetic, samples=samples, seed=seed)
+    if tokenizer is None:
+        raise SpecError("--text needs --tokenizer (a local tokenizer.json or its folder)")
+    assert text is not None
+    return tokenize_lengths(text, tokenizer)
+
+
+def list_length_mixtures() -> list[str]:
+    """Names of the synthetic length mixtures (workloads/data/length_mixtures.yaml)."""
+    return list_mixtures()
+
+
+def microbatch(model: str | ModelSpec, cluster: str | Cluster, dataset: LengthDataset, *,
+               dp: int, tp: int = 1, pp: int = 1, tokens_per_batch: int, iterations: int = 10,
+               max_len: int | None = None, max_target_len: int | None = None,
+               on_long: str = "truncate", methods: Sequence[str] = MICROBATCH_METHODS,
+               packing_attention: str = "eager", seed: int = 0,
+               on_iteration: Callable[[str, int], None] | None = None
+               ) -> tuple[list[MethodResult], MicroBatchPlanner]:
+    """Compare micro-batching methods (search/microbatch/planner.py) on `iterations` global
+    batches of `tokens_per_batch` tokens drawn from `dataset`, each replayed on the engine.
+
+    Samples longer than `max_len` (default: the model's sequence length; targets: its decoder
+    length) are clipped (`on_long="truncate"`) or refused ("reject"). A decoder-only model
+    reads an (input, target) pair as one sequence of both lengths, as instruction tuning does."""
+    spec, hw = load_model(model), load_cluster(cluster)
+    enc_dec = spec.family == "t5"
+    limit = max_len or int(spec.max_position_embeddings or spec.seq_len)
+    target_limit = (max_target_len or int(spec.decoder_seq_len)) if enc_dec else 0
+    if on_long not in ("truncate", "reject"):
+        raise SpecError(f"--on-long {on_long!r} must be truncate or reject")
+    if dataset.encoder_decoder and not enc_dec:  # a decoder-only model reads both as one
+        dataset = dataclasses.replace(dataset, samples=tuple(
+            dataclasses.replace(s, input_len=s.input_len + s.target_len, target_len=0)
+            for s in dataset.samples))
+    fitted = fit_max_len(dataset, limit, policy=on_long,
+                         max_target_len=target_limit if enc_dec else None)
+    if enc_dec and not fitted.encoder_decoder:
+        fitted = dataclasses.replace(fitted, samples=tuple(
+            dataclasses.replace(s, target_len=max(1, target_limit)) for s in fitted.samples))
+    batches = iteration_batches(fitted, tokens_per_batch, iterations=iterations, seed=seed)
+    planner = MicroBatchPlanner(spec, hw, dp=dp, tp=tp, pp=pp, max_len=limit,
+                                max_target_len=target_limit,
+                                packing_attention=packing_attention)
+    planner.dataset = fitted
+    results = [planner.run(m, batches, on_iteration) for m in methods]
+    return results, planner
 
 
 def search_files(result: SearchResult, *, model: str, cluster: str) -> dict[str, str]:

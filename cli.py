@@ -19,6 +19,7 @@ from trainsim.commands.energy import app as energy_app
 from trainsim.commands.hw import app as hw_app
 from trainsim.commands.models import app as models_app
 from trainsim.commands.output import EXIT_BAD_INPUT, error_line, one_line
+from trainsim.commands.microbatch import microbatch_command
 from trainsim.commands.pareto import pareto_command
 from trainsim.commands.search import search_command
 from trainsim.commands.simulate import simulate_command
@@ -40,6 +41,7 @@ app.command("simulate")(simulate_command)
 app.add_typer(energy_app, name="energy")
 app.command("search")(search_command)
 app.command("pareto")(pareto_command)
+app.command("microbatch")(microbatch_command)
 app.add_typer(calibrate_app, name="calibrate")
 register_validation(app)
 app.command("accuracy")(accuracy_command)

@@ -56,10 +56,14 @@ class BlockCostTable:
     """Block costs of one model on one cluster, computed on demand and cached."""
 
     def __init__(self, model: ModelSpec, cluster: Cluster, *, dtype: str = "fp16",
-                 cost_model: OpCostModel | None = None, seq_len: int | None = None) -> None:
+                 cost_model: OpCostModel | None = None, seq_len: int | None = None,
+                 embedding_and_head: bool = True) -> None:
         self.model, self.cluster, self.dtype = model, cluster, dtype
         self.cost_model = cost_model if cost_model is not None else RooflineCostModel()
         self.seq_len = seq_len
+        self.embedding_and_head = embedding_and_head
+        """False: the lowering leaves the non-block layers out (LoweringOptions), so do the
+        sums, or the bound would count work the engine never runs."""
         self.gpus: dict[str, GpuSpec] = {g.gpu.name: g.gpu for g in cluster.node_groups}
         self._intra: dict[str, float] = {}
         first = 0
@@ -91,6 +95,8 @@ class BlockCostTable:
             if layer.recomputable:
                 block = block + 1 if seen_block else 0
                 seen_block = True
+            elif not self.embedding_and_head:
+                continue
             key = id(layer)
             if key not in cache:
                 cache[key] = instruction_costs(

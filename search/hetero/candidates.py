@@ -26,6 +26,7 @@ import numpy as np
 
 from trainsim.hwmodels.cluster import Cluster
 from trainsim.search.hetero.block_costs import BlockCosts, BlockCostTable
+from trainsim.search.hetero.space import node_kinds
 from trainsim.search.hetero.partition import (
     exact_partition,
     minmax_partition,
@@ -74,11 +75,15 @@ class Layout:
             for _ in range(g.nodes):
                 starts.append((first, g.gpus_per_node))
                 first += g.gpus_per_node
-        ranks = [r for n in order for r in range(starts[n][0], starts[n][0] + starts[n][1])]
+        kinds = node_kinds(cluster)
+        ranks = [(r, n) for n in order for r in range(starts[n][0], starts[n][0] + starts[n][1])]
         per = deg.dp * deg.tp
-        self.types = [[cluster.gpu(ranks[s * per + d * deg.tp]).name for d in range(deg.dp)]
-                      for s in range(deg.pp)]
+        firsts = [[ranks[s * per + d * deg.tp] for d in range(deg.dp)] for s in range(deg.pp)]
+        self.types = [[cluster.gpu(r).name for r, _ in row] for row in firsts]
         """types[s][d]: GPU type of replica d on stage s (a tp group lies in one node)."""
+        self.kinds = tuple(tuple(kinds[n] for _, n in row) for row in firsts)
+        """kinds[s][d]: the node kind (GPU, node type, NICs) of replica d on stage s: two
+        orders with the same kinds build the same program."""
 
     def replica_types(self) -> list[tuple[str, ...]]:
         """Each replica's GPU type per stage."""

@@ -17,6 +17,8 @@ from trainsim.errors import SpecError, unknown_name
 from trainsim.hwmodels.cluster import Cluster
 
 SECONDS_PER_DAY = 86_400.0
+MAX_PRICE = 1e6
+"""USD per GPU-hour above which a price is a typo (a cluster's total must stay finite)."""
 
 
 def with_prices(cluster: Cluster, prices: Mapping[str, float]) -> Cluster:
@@ -25,9 +27,9 @@ def with_prices(cluster: Cluster, prices: Mapping[str, float]) -> Cluster:
     for name, usd in prices.items():
         if name not in names:
             raise SpecError(str(unknown_name("GPU in --price", name, sorted(names))))
-        if not (isinstance(usd, int | float) and math.isfinite(usd) and usd >= 0):
-            raise SpecError(f"--price {name}={usd!r} must be a finite number of USD per "
-                            f"GPU-hour >= 0")
+        if not (isinstance(usd, int | float) and 0 <= usd <= MAX_PRICE):
+            raise SpecError(f"--price {name}={usd!r} must be 0 to {MAX_PRICE:g} USD per "
+                            f"GPU-hour")
     if not prices:
         return cluster
     groups = tuple(dataclasses.replace(g, price_per_gpu_hour_usd=float(prices[g.gpu.name]))
@@ -44,8 +46,9 @@ def parse_prices(items: list[str] | None) -> dict[str, float]:
             usd = float(value)
         except ValueError:
             usd = math.nan
-        if not sep or not name or not math.isfinite(usd) or usd < 0:
-            raise SpecError(f"--price {item!r} must be GPU=USD_PER_GPU_HOUR, e.g. A10=2.036")
+        if not sep or not name or not 0 <= usd <= MAX_PRICE:
+            raise SpecError(f"--price {item!r} must be GPU=USD_PER_GPU_HOUR (0 to "
+                            f"{MAX_PRICE:g}), e.g. A10=2.036")
         out[name.strip()] = usd
     return out
 
@@ -85,11 +88,11 @@ def limit_miss(totals: RunTotals, budget_usd: float | None, deadline_days: float
                ) -> str | None:
     """Why a run misses the budget or the deadline (and by how much), or None."""
     if budget_usd is not None and totals.usd > budget_usd:
-        return (f"costs ${totals.usd:,.0f}, {totals.usd / budget_usd:.2f}x the budget of "
-                f"${budget_usd:,.0f}")
+        return (f"costs ${totals.usd:,.0f}, {totals.usd / budget_usd:.3g}x the budget of "
+                f"${budget_usd:,.2f}")
     if deadline_days is not None and totals.days > deadline_days:
-        return (f"takes {totals.days:.2f} days, {totals.days / deadline_days:.2f}x the deadline "
-                f"of {deadline_days:g} days")
+        return (f"takes {totals.days:.2f} days, {totals.days / deadline_days:.3g}x the "
+                f"deadline of {deadline_days:g} days")
     return None
 
 

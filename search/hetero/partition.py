@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numba import njit
 
 INF = float("inf")
 
@@ -68,7 +69,7 @@ def _cost_matrices(prefix: Sequence[np.ndarray], fits: Sequence[np.ndarray] | No
 
 
 def exact_partition(prefix: Sequence[np.ndarray], blocks: int, micro_batches: int,
-                    fits: Sequence[np.ndarray] | None = None, max_rounds: int = 32
+                    fits: Sequence[np.ndarray] | None = None, 
                     ) -> tuple[int, ...] | None:
     """Block counts minimising sum_k T_k + (m-1) max_k T_k; None when no partition fits.
 
@@ -78,7 +79,6 @@ def exact_partition(prefix: Sequence[np.ndarray], blocks: int, micro_batches: in
         micro_batches: m, the micro-batches the bottleneck stage runs.
         fits: Per stage, a boolean matrix: fits[k][i, j] when blocks i..j-1 fit stage k's
             memory (None: all fit).
-        max_rounds: Candidate bottlenecks tried after the smallest feasible one.
     """
     stages = len(prefix)
     if blocks < stages:
@@ -89,20 +89,52 @@ def exact_partition(prefix: Sequence[np.ndarray], blocks: int, micro_batches: in
     if unconstrained is None:
         return None
     lowest_total = unconstrained[0]
+    if weight == 0:  # one micro-batch: only the total counts
+        return unconstrained[1]
     values = np.unique(cost[np.isfinite(cost)])
-    best: tuple[float, tuple[int, ...]] | None = None
+    # min over bounds B of S(B) + (m-1) B equals the optimum: the optimal partition is
+    # feasible at B = its own max, and any S(B) + (m-1) B is some partition's score or more
     start = int(np.searchsorted(values, _least_max(cost, blocks)))
-    for bound in values[start:start + max_rounds]:
-        if best is not None and weight * bound + lowest_total >= best[0]:
+    best_score, best_bound = _scan_bounds(np.ascontiguousarray(cost), blocks, values, start,
+                                          float(weight), float(lowest_total))
+    if not np.isfinite(best_score):
+        return None
+    found = _least_total(cost, blocks, best_bound)
+    return None if found is None else found[1]
+
+
+@njit(cache=True)
+def _scan_bounds(cost: np.ndarray, blocks: int, values: np.ndarray, start: int, weight: float,
+                 lowest: float) -> tuple[float, float]:  # pragma: no cover -- compiled
+    """(best score, its bound) over bounds values[start:], ascending, stopping once
+    weight x bound + lowest cannot beat the best: the DP of `_least_total` per bound."""
+    stages, n = cost.shape[0], cost.shape[1]
+    best_score, best_bound = np.inf, np.inf
+    cur = np.empty(n)
+    nxt = np.empty(n)
+    for vi in range(start, len(values)):
+        bound = values[vi]
+        if weight * bound + lowest >= best_score:
             break
-        found = _least_total(cost, blocks, float(bound))
-        if found is None:
-            continue
-        total, counts = found
-        score = total + weight * max(stage_times(prefix, counts))
-        if best is None or score < best[0]:
-            best = (score, counts)
-    return None if best is None else best[1]
+        for j in range(n):
+            c = cost[0, 0, j]
+            cur[j] = c if c <= bound else np.inf
+        for k in range(1, stages):
+            for j in range(n):
+                low = np.inf
+                for i in range(j):
+                    c = cost[k, i, j]
+                    if c <= bound:
+                        v = cur[i] + c
+                        if v < low:
+                            low = v
+                nxt[j] = low
+            for j in range(n):
+                cur[j] = nxt[j]
+        score = cur[blocks] + weight * bound
+        if score < best_score:
+            best_score, best_bound = score, bound
+    return best_score, best_bound
 
 
 def _least_max(cost: np.ndarray, blocks: int) -> float:

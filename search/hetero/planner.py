@@ -42,7 +42,7 @@ class HeteroPlanner:
 
     name: str = "hetero"
     """hetero, fasop or uniform."""
-    max_evals: int = 400
+    max_evals: int = 1000
     """Oracle evaluations at most (the bound usually stops it well before)."""
     order_limit: int = 256
     """Distinct node orders tried at most (`hetero`)."""
@@ -108,19 +108,20 @@ class HeteroPlanner:
         """Every candidate of the space, best estimate first."""
         options = state.oracle.options
         table = BlockCostTable(state.model, state.cluster,
-                               cost_model=None if options is None else options.cost_model)
+                               cost_model=None if options is None else options.cost_model,
+                               embedding_and_head=options is None or options.embedding_and_head)
         self._blocks = table.num_blocks
         builder = CandidateBuilder(table, state.cluster, state.spec.global_batch,
                                    memory_limit_bytes=state.spec.memory_limit_bytes)
         out: list[Candidate] = []
         orders = self.orders(state)
         for deg in self.grid(state, table.num_blocks):
-            seen: set[tuple[tuple[str, ...], ...]] = set()
+            seen: set[object] = set()
             for order, note in orders:
-                types = tuple(tuple(t) for t in Layout(state.cluster, order, deg).types)
-                if types in seen:  # another order giving every stage the same GPUs
+                kinds = Layout(state.cluster, order, deg).kinds
+                if kinds in seen:  # another order giving every stage the same nodes' kinds
                     continue
-                seen.add(types)
+                seen.add(kinds)
                 out += builder.build(deg, order, MODES[self.name], note)
         out.sort(key=lambda c: (c.estimate_s, c.bound_s, c.note))
         return out

@@ -88,22 +88,27 @@ def _multiset_permutations(items: list[NodeKind]) -> Iterator[tuple[NodeKind, ..
 
 def distinct_orders(cluster: Cluster, *, limit: int = 256, dtype: str = "fp16"
                     ) -> tuple[list[tuple[int, ...]], bool]:
-    """(node orders, complete): every distinct kind sequence when there are at most `limit`,
-    else the rotations and the block arrangements of the kinds (complete=False)."""
+    """(node orders, complete): every distinct kind sequence when there are at most `limit`;
+    else first every rotation of the nodes as written (FASOP's placements) and of every
+    arrangement of the kinds in blocks, then distinct sequences up to `limit` (complete=False).
+    """
     kinds = node_kinds(cluster)
     ordered = sorted(kinds, key=lambda k: _sort_key(k, cluster, dtype))
     sequences = list(itertools.islice(_multiset_permutations(ordered), limit + 1))
     if len(sequences) <= limit:
         return [_indices(kinds, s) for s in sequences], True
-    chosen: list[tuple[NodeKind, ...]] = []
     n = len(ordered)
-    blocks = []
-    for k in dict.fromkeys(ordered):
-        blocks.append([x for x in ordered if x == k])
+    blocks = [[x for x in ordered if x == k] for k in dict.fromkeys(ordered)]
+    chosen: list[tuple[NodeKind, ...]] = [tuple(kinds[r:] + kinds[:r]) for r in range(n)]
     for perm in itertools.permutations(range(len(blocks))):
-        chosen.append(tuple(x for b in perm for x in blocks[b]))
-    chosen += [tuple(ordered[r:] + ordered[:r]) for r in range(n)]
-    unique = list(dict.fromkeys(chosen))[:limit]
+        arranged = [x for b in perm for x in blocks[b]]
+        chosen += [tuple(arranged[r:] + arranged[:r]) for r in range(n)]
+    unique = list(dict.fromkeys(chosen))
+    for seq in sequences:
+        if len(unique) >= limit:
+            break
+        if seq not in unique:
+            unique.append(seq)
     return [_indices(kinds, s) for s in unique], False
 
 

@@ -96,6 +96,24 @@ def stage_layout(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
         folded=low.fold, costs=costs)
 
 
+def partition_layers(graph: ModelGraph, counts: tuple[int, ...], embedding_and_head: bool = True
+                     ) -> list[list[int]]:
+    """Layer indices of each virtual stage: blocks split `counts` per stage, layers before the
+    first block join stage 0, other non-block layers join the stage of the block before
+    (without `embedding_and_head`, the non-block layers are left out)."""
+    out: list[list[int]] = [[] for _ in counts]
+    stage, seen = 0, 0
+    for i, layer in enumerate(graph.layers):
+        if layer.recomputable:
+            while seen >= counts[stage]:
+                stage, seen = stage + 1, 0
+            out[stage].append(i)
+            seen += 1
+        elif embedding_and_head:
+            out[stage].append(i)
+    return out
+
+
 class LoweringLayout:
     """Placement, schedule, partition, costs and groups of one lowering.
 
@@ -316,21 +334,10 @@ class LoweringLayout:
         return len({self.cluster.gpu(r).name for r in ranks}) == 1
 
     def _partition(self) -> list[list[int]]:
-        """Layer indices of each virtual stage: blocks split per the plan, layers before the
-        first block join stage 0, other non-block layers join the stage of the block before."""
+        """Layer indices of each virtual stage (`partition_layers`)."""
         graph = self.graph(self.micro_batches[0])
         counts = self.plan.layers_per_stage(len(graph.transformer_layers()))
-        out: list[list[int]] = [[] for _ in counts]
-        stage, seen = 0, 0
-        for i, layer in enumerate(graph.layers):
-            if layer.recomputable:
-                while seen >= counts[stage]:
-                    stage, seen = stage + 1, 0
-                out[stage].append(i)
-                seen += 1
-            elif self.opt.embedding_and_head:
-                out[stage].append(i)
-        return out
+        return partition_layers(graph, counts, self.opt.embedding_and_head)
 
     def graph(self, mb: MicroBatch) -> ModelGraph:
         key = key_of(mb)

@@ -1,0 +1,160 @@
+"""What a micro-batch of b samples padded to length s (target t) costs, fast enough to weigh
+every contiguous segment of a batch's samples (DynaPipe's cost model, on trainsim's op costs).
+
+The figures are exact op costs (workloads/stage_costs.py, the lowering's own path) at the
+points of a grid -- lengths in multiples of 8, batch sizes in powers of two, and for
+encoder-decoder models target lengths -- computed on first use and interpolated between them
+(per-sample time and activation linear in length and in log2 batch size). The planner only
+ranks micro-batchings with them; every plan it keeps is replayed by the engine on the exact
+shapes.
+
+Per micro-batch it gives the bottleneck stage's compute time (forward + backward + recompute,
+uniform layer split over `pp` stages) and the activation bytes the first stage keeps per
+in-flight micro-batch (the stage that holds the most under 1F1B), plus the model states of the
+fullest stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainsim.hwmodels.gpus import GpuSpec
+from trainsim.hwmodels.opcost import OpCostModel, RooflineCostModel
+from trainsim.workloads.lowering.layout import partition_layers
+from trainsim.workloads.model import ModelSpec, build_graph
+from trainsim.workloads.plan import uniform_split
+from trainsim.workloads.stage_costs import instruction_costs, optimizer_bytes_per_param
+
+PAD = 8
+"""Lengths are padded to a multiple of this (DynaPipe rounds segment lengths up to 8)."""
+
+
+def pad(n: np.ndarray | int) -> np.ndarray:
+    """Lengths rounded up to a multiple of PAD."""
+    return (np.asarray(n) + PAD - 1) // PAD * PAD
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """One micro-batch shape's costs."""
+
+    time_s: float
+    """Bottleneck stage compute time of the micro-batch (forward + backward + recompute)."""
+    kept_bytes: float
+    """Activation bytes stage 0 keeps until the micro-batch's backward."""
+    extra_bytes: float
+    """Transient bytes of the backward (recompute's materialised layer)."""
+
+
+class MicroBatchCosts:
+    """Interpolated micro-batch costs of one model, GPU, tp, pp and recompute policy."""
+
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
+                 recompute: str = "none", dtype: str | None = None, max_len: int,
+                 max_target_len: int = 0, cost_model: OpCostModel | None = None,
+                 max_batch: int = 1024) -> None:
+        self.model, self.gpu, self.tp, self.pp, self.recompute = model, gpu, tp, pp, recompute
+        self.dtype = dtype or ("bf16" if model.dtype == "bf16" else "fp16")
+        self.cost_model = cost_model or RooflineCostModel()
+        self.encoder_decoder = model.family == "t5"
+        self.s_grid = np.unique(pad(np.geomspace(PAD, max(max_len, PAD), 14).astype(int)))
+        self.b_grid = 2 ** np.arange(int(np.log2(max_batch)) + 1)
+        self.t_grid = (np.unique(pad(np.geomspace(PAD, max(max_target_len, PAD), 7)
+                                     .astype(int)))
+                       if self.encoder_decoder else np.array([0]))
+        self._grid: dict[str, np.ndarray] | None = None
+        self.build_s = 0.0
+        """Seconds spent computing the grid (a one-off per model, GPU and degrees, kept out
+        of per-iteration planning times)."""
+        blocks = (model.num_layers + (model.decoder_layers if self.encoder_decoder else 0))
+        self.counts = uniform_split(blocks, pp)
+        w, g, o = optimizer_bytes_per_param(self.dtype)
+        graph = build_graph(model, 1, PAD) if not self.encoder_decoder else \
+            build_graph(dataclasses.replace(model, decoder_seq_len=PAD), 1, PAD)
+        stages = partition_layers(graph, self.counts)
+        self.static_bytes = max(
+            instruction_costs([graph.layers[i] for i in idx], tp=tp, sp=False, ep=1,
+                              recompute="none", cost_model=self.cost_model, gpu=gpu,
+                              freq_mhz=None, dtype=self.dtype).params * (w + g + o)
+            for idx in stages)
+        """Weights, gradients and Adam states of the fullest stage (no ZeRO)."""
+
+    # ------------------------------------------------------------------ exact
+    def exact(self, b: int, s: int, t: int = 0) -> Figures:
+        """Op costs of a micro-batch of b samples of length s (target t), no interpolation."""
+        model = self.model
+        if self.encoder_decoder:
+            model = dataclasses.replace(model, decoder_seq_len=max(int(t), 1))
+        graph = build_graph(model, int(b), int(s))
+        stages = partition_layers(graph, self.counts)
+        best, kept, extra = 0.0, 0.0, 0.0
+        for k, idx in enumerate(stages):
+            c = instruction_costs([graph.layers[i] for i in idx], tp=self.tp, sp=False, ep=1,
+                                  recompute=self.recompute, cost_model=self.cost_model,
+                                  gpu=self.gpu, freq_mhz=None, dtype=self.dtype)
+            best = max(best, c.forward.time_s + c.backward.time_s + c.recompute.time_s)
+            if k == 0:
+                kept, extra = c.kept_activation_bytes, c.recompute_activation_bytes
+        return Figures(time_s=best, kept_bytes=kept, extra_bytes=extra)
+
+    # ------------------------------------------------------------------ interpolated
+    def _table(self) -> dict[str, np.ndarray]:
+        if self._grid is None:
+            t0 = time.perf_counter()
+            shape = (len(self.b_grid), len(self.s_grid), len(self.t_grid))
+            table = {k: np.zeros(shape) for k in ("time", "kept", "extra")}
+            for i, b in enumerate(self.b_grid):
+                for j, s in enumerate(self.s_grid):
+                    for k, t in enumerate(self.t_grid):
+                        f = self.exact(int(b), int(s), int(t))
+                        table["time"][i, j, k] = f.time_s / b
+                        table["kept"][i, j, k] = f.kept_bytes / b
+                        table["extra"][i, j, k] = f.extra_bytes / b
+            self._grid = table
+            self.build_s += time.perf_counter() - t0
+        return self._grid
+
+    def _interp(self, what: str, b: np.ndarray, s: np.ndarray, t: np.ndarray | None
+                ) -> np.ndarray:
+        grid = self._table()[what]
+        lb = np.log2(np.clip(np.asarray(b, dtype=float), 1, self.b_grid[-1]))
+        ib = np.clip(np.floor(lb).astype(int), 0, len(self.b_grid) - 2) \
+            if len(self.b_grid) > 1 else np.zeros_like(lb, dtype=int)
+        wb = np.clip(lb - ib, 0.0, 1.0) if len(self.b_grid) > 1 else np.zeros_like(lb)
+        s = np.clip(np.asarray(s, dtype=float), self.s_grid[0], self.s_grid[-1])
+        js = np.clip(np.searchsorted(self.s_grid, s) - 1, 0, len(self.s_grid) - 2)
+        ws = (s - self.s_grid[js]) / (self.s_grid[js + 1] - self.s_grid[js])
+        if self.encoder_decoder and len(self.t_grid) > 1:
+            tt = np.clip(np.asarray(t if t is not None else 0, dtype=float),
+                         self.t_grid[0], self.t_grid[-1])
+            kt = np.clip(np.searchsorted(self.t_grid, tt) - 1, 0, len(self.t_grid) - 2)
+            wt = (tt - self.t_grid[kt]) / (self.t_grid[kt + 1] - self.t_grid[kt])
+        else:
+            kt, wt = np.zeros_like(js), np.zeros_like(ws)
+        ib1 = np.minimum(ib + 1, len(self.b_grid) - 1)
+        kt1 = np.minimum(kt + 1, len(self.t_grid) - 1)
+        out = np.zeros(np.broadcast(lb, s).shape)
+        for bi, bw in ((ib, 1 - wb), (ib1, wb)):
+            for si, sw in ((js, 1 - ws), (js + 1, ws)):
+                for ti, tw in ((kt, 1 - wt), (kt1, wt)):
+                    out = out + bw * sw * tw * grid[bi, si, ti]
+        return out * np.asarray(b, dtype=float)
+
+    def time(self, b: np.ndarray, s: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+        """Interpolated bottleneck-stage time of micro-batches (b samples, length s, target t)."""
+        return self._interp("time", b, s, t)
+
+    def kept(self, b: np.ndarray, s: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+        """Interpolated activation bytes stage 0 keeps per micro-batch."""
+        return self._interp("kept", b, s, t)
+
+    def extra(self, b: np.ndarray, s: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+        """Interpolated transient backward bytes per micro-batch."""
+        return self._interp("extra", b, s, t)
+
+
+__all__ = ["Figures", "MicroBatchCosts", "PAD", "pad"]

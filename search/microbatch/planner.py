@@ -1,0 +1,278 @@
+"""Micro-batching methods compared iteration by iteration on the engine (`sim microbatch`).
+
+For each global batch of variable-length samples, a method forms micro-batches per
+data-parallel replica (batching.py); the planner then picks the recompute policy (none, then
+selective, then full: the first under which every micro-batch's activations fit the memory
+left after the model states, 1F1B keeping `pp` in flight on stage 0) and replays the
+iteration on the engine under each schedule the method may use, keeping the fastest that does
+not run out of memory. Methods:
+
+* `packing`, `token-budget`, `fixed` -- the baselines; each fixes its setting (rows or samples
+  per micro-batch, token budget) once, on the first batch, to the one the cost model rates
+  fastest that fits, as a user would tune it; 1F1B. Packed rows need a block-diagonal
+  attention mask, so packing runs `packing_attention` (default eager: FlashAttention-2, which
+  Megatron-LM used in 2023, takes causal masks only -- assumed, as in DynaPipe's baseline).
+* `dynapipe` -- faithful: ordering, DP over thinned t_max candidates, Karmarkar–Karp; 1F1B or
+  interleaved 1F1B, whichever the engine finds faster.
+* `ours` -- the exact t_max search and, jointly, 1F1B, interleaved or ZB-H1 per iteration;
+  `ours-1f1b` the same micro-batches on 1F1B only (what the schedule choice adds).
+
+Reported per method: real tokens/s (padding excluded), padding efficiency, peak memory,
+recompute used, schedule chosen and planning time (forming the micro-batches, without the
+replay).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trainsim.errors import PlanError, SpecError
+from trainsim.hwmodels.cluster import Cluster
+from trainsim.search.microbatch.batching import Batching, dynapipe, fixed, packing, token_budget
+from trainsim.search.microbatch.costs import MicroBatchCosts
+from trainsim.search.oracle import Oracle, Summary
+from trainsim.workloads.lengths import LengthDataset, Sample
+from trainsim.workloads.model import ModelSpec
+from trainsim.workloads.plan import ParallelPlan
+
+METHODS = ("packing", "token-budget", "fixed", "dynapipe", "ours-1f1b", "ours")
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = {"packing": ("1f1b",), "token-budget": ("1f1b",), "fixed": ("1f1b",),
+             "dynapipe": ("1f1b", "interleaved"), "ours-1f1b": ("1f1b",),
+             "ours": ("1f1b", "interleaved", "zb-h1")}
+
+
+@dataclass(frozen=True, slots=True)
+class IterationResult:
+    """One iteration of one method."""
+
+    time_s: float
+    real_tokens: int
+    padded_tokens: int
+    peak_bytes: float
+    recompute: str
+    schedule: str
+    planning_s: float
+    micro_batches: int
+    fits: bool
+    batching: Batching | None = None
+    plan: ParallelPlan | None = None
+
+
+@dataclass(slots=True)
+class MethodResult:
+    """A method over every iteration."""
+
+    method: str
+    iterations: list[IterationResult] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Real tokens per second over the iterations (padding excluded)."""
+        t = sum(i.time_s for i in self.iterations)
+        return sum(i.real_tokens for i in self.iterations) / t if t > 0 else 0.0
+
+    @property
+    def padding_efficiency(self) -> float:
+        padded = sum(i.padded_tokens for i in self.iterations)
+        return sum(i.real_tokens for i in self.iterations) / padded if padded else 0.0
+
+    @property
+    def peak_bytes(self) -> float:
+        return max((i.peak_bytes for i in self.iterations), default=0.0)
+
+    @property
+    def planning_ms(self) -> float:
+        """Median planning time per iteration, milliseconds."""
+        return statistics.median(i.planning_s for i in self.iterations) * 1e3 \
+            if self.iterations else 0.0
+
+    def counts(self, attr: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i in self.iterations:
+            out[getattr(i, attr)] = out.get(getattr(i, attr), 0) + 1
+        return out
+
+
+class MicroBatchPlanner:
+    """Runs the methods on one model, cluster and (dp, tp, pp)."""
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, *, dp: int, tp: int = 1, pp: int = 1,
+                 max_len: int, max_target_len: int = 0, packing_attention: str = "eager",
+                 memory_limit_bytes: float | None = None) -> None:
+        if dp * tp * pp != cluster.num_gpus:
+            raise SpecError(f"dp×tp×pp = {dp}×{tp}×{pp} = {dp * tp * pp} but the cluster has "
+                            f"{cluster.num_gpus} GPUs")
+        self.model, self.cluster = model, cluster
+        self.dp, self.tp, self.pp = dp, tp, pp
+        self.max_len, self.max_target = max_len, max_target_len
+        self.packed_model = dataclasses.replace(model, attention=packing_attention)
+        gpu = cluster.gpu(0)
+        self.gpu = gpu
+        self.capacity = float(gpu.memory_bytes) if memory_limit_bytes is None \
+            else min(float(gpu.memory_bytes), memory_limit_bytes)
+        self._costs: dict[tuple[str, str], MicroBatchCosts] = {}
+        self._oracles = {"model": Oracle(model, cluster),
+                         "packed": Oracle(self.packed_model, cluster)}
+        self._settings: dict[str, Any] = {}
+        self.dataset: LengthDataset | None = None
+        """The lengths the batches were drawn from, as the model reads them (set by the
+        caller: clipped to max_len, pairs joined for a decoder-only model)."""
+
+    def costs(self, recompute: str, packed: bool = False) -> MicroBatchCosts:
+        key = (recompute, "packed" if packed else "model")
+        if key not in self._costs:
+            self._costs[key] = MicroBatchCosts(
+                self.packed_model if packed else self.model, self.gpu, tp=self.tp, pp=self.pp,
+                recompute=recompute, max_len=self.max_len, max_target_len=self.max_target,
+                max_batch=256)
+        return self._costs[key]
+
+    def oracle(self, method: str) -> Oracle:
+        """The Oracle `method`'s iterations are replayed on (packing: its attention kernel)."""
+        return self._oracles["packed" if method == "packing" else "model"]
+
+    def _build_s(self) -> float:
+        return sum(c.build_s for c in self._costs.values())
+
+    def activation_budget(self, recompute: str, packed: bool = False) -> float:
+        """Bytes left for activations on the fullest stage after its model states."""
+        return self.capacity - self.costs(recompute, packed).static_bytes
+
+    # ------------------------------------------------------------------ batching
+    def _fits(self, b: Batching, recompute: str, packed: bool) -> bool:
+        c = self.costs(recompute, packed)
+        shapes = np.array([(m.batch_size, m.seq_len, m.target_len)
+                           for ms in b.replicas for m in ms], dtype=float)
+        kept = c.kept(shapes[:, 0], shapes[:, 1], shapes[:, 2] if c.encoder_decoder else None)
+        extra = c.extra(shapes[:, 0], shapes[:, 1], shapes[:, 2] if c.encoder_decoder else None)
+        return bool(np.max(kept) * self.pp + np.max(extra) <= self.activation_budget(
+            recompute, packed))
+
+    def _estimate(self, b: Batching, recompute: str, packed: bool) -> float:
+        c = self.costs(recompute, packed)
+        worst = 0.0
+        for ms in b.replicas:
+            shapes = np.array([(m.batch_size, m.seq_len, m.target_len) for m in ms], float)
+            t = c.time(shapes[:, 0], shapes[:, 1],
+                       shapes[:, 2] if c.encoder_decoder else None)
+            worst = max(worst, float(t.sum() + (self.pp - 1) * t.max()))
+        return worst
+
+    def _form(self, method: str, inputs: np.ndarray, targets: np.ndarray, recompute: str
+              ) -> Batching | None:
+        dp = self.dp
+        if method in ("dynapipe", "ours", "ours-1f1b"):
+            return dynapipe(self.costs(recompute), inputs, targets, dp=dp,
+                            memory_bytes=self.activation_budget(recompute),
+                            exact=method != "dynapipe")
+        setting = self._settings.get(method)
+        options: list[Callable[[], Batching]]
+        if method == "packing":
+            sizes = [setting] if setting else [2**k for k in range(8)]
+            options = [lambda k=k: packing(inputs, targets, max_len=self.max_len,
+                                           max_target=self.max_target, micro_batch_size=k,
+                                           dp=dp) for k in sizes]
+        elif method == "token-budget":
+            budgets = [setting] if setting else [self.max_len * 2**k for k in range(7)]
+            options = [lambda k=k: token_budget(inputs, targets, budget=k, dp=dp)
+                       for k in budgets]
+        else:
+            sizes = [setting] if setting else [2**k for k in range(8)]
+            options = [lambda k=k: fixed(inputs, targets, micro_batch_size=k, dp=dp)
+                       for k in sizes]
+        keys = sizes if method != "token-budget" else budgets
+        packed = method == "packing"
+        best: tuple[float, Batching, Any] | None = None
+        for key, make in zip(keys, options):
+            b = make()
+            if not self._fits(b, recompute, packed):
+                continue
+            est = self._estimate(b, recompute, packed)
+            if best is None or est < best[0]:
+                best = (est, b, key)
+        if best is None:
+            return None
+        self._settings.setdefault(method, best[2])
+        return best[1]
+
+    # ------------------------------------------------------------------ one iteration
+    def iteration(self, method: str, batch: Sequence[Sample]) -> IterationResult:
+        """Form, check and replay one global batch with `method`."""
+        inputs = np.array([s.input_len for s in batch], dtype=float)
+        targets = np.array([s.target_len for s in batch], dtype=float)
+        t0, built = time.perf_counter(), self._build_s()
+        formed, rc = None, "none"
+        for rc in RECOMPUTE:
+            formed = self._form(method, inputs, targets, rc)
+            if formed is not None:
+                break
+        planning = time.perf_counter() - t0 - (self._build_s() - built)
+        if formed is None:
+            raise SpecError(f"{method}: a single sample of this batch does not fit in "
+                            f"{self.capacity / 2**30:.1f} GiB per GPU even with full recompute "
+                            f"(dp={self.dp} tp={self.tp} pp={self.pp}); use more stages or a "
+                            f"shorter --max-len")
+        oracle = self.oracle(method)
+        best: tuple[Summary, str, ParallelPlan] | None = None
+        for sched in SCHEDULES[method]:
+            plan = self._plan(formed, rc, sched)
+            if plan is None:
+                continue
+            s = oracle.evaluate(plan)
+            fits = not s.oom and s.peak_memory_bytes <= self.capacity
+            if best is None or (fits, -s.iteration_time_s) > (
+                    not best[0].oom and best[0].peak_memory_bytes <= self.capacity,
+                    -best[0].iteration_time_s):
+                best = (s, sched, plan)
+        assert best is not None  # 1F1B always builds
+        s, sched, plan = best
+        return IterationResult(
+            time_s=s.iteration_time_s, real_tokens=formed.real_tokens,
+            padded_tokens=formed.padded_tokens, peak_bytes=s.peak_memory_bytes, recompute=rc,
+            schedule=sched, planning_s=planning,
+            micro_batches=sum(len(r) for r in formed.replicas),
+            fits=not s.oom and s.peak_memory_bytes <= self.capacity, batching=formed, plan=plan)
+
+    def _plan(self, b: Batching, recompute: str, schedule: str) -> ParallelPlan | None:
+        fields: dict[str, Any] = {
+            "dp": self.dp, "tp": self.tp, "pp": self.pp, "recompute": recompute,
+            "replica_micro_batches": [list(ms) for ms in b.replicas], "schedule": schedule}
+        if schedule == "interleaved":
+            if self.pp < 2 or any(len(ms) % self.pp for ms in b.replicas):
+                return None
+            fields["virtual_stages"] = 2
+        if schedule == "zb-h1" and self.pp < 2:
+            return None
+        try:  # both model variants have the same shapes: either checks the plan
+            return ParallelPlan.build(self.model, self.cluster, **fields)
+        except PlanError:
+            return None
+
+    def run(self, method: str, batches: Sequence[Sequence[Sample]],
+            on_iteration: Callable[[str, int], None] | None = None) -> MethodResult:
+        """Every batch with `method`; a method that cannot place a sample records the error."""
+        if method not in METHODS:
+            raise SpecError(f"unknown micro-batching method {method!r}; one of "
+                            f"{', '.join(METHODS)}")
+        out = MethodResult(method=method)
+        for k, batch in enumerate(batches):
+            try:
+                out.iterations.append(self.iteration(method, batch))
+            except SpecError as exc:
+                out.error = str(exc)
+                break
+            if on_iteration is not None:
+                on_iteration(method, k)
+        return out
+
+
+__all__ = ["METHODS", "IterationResult", "MethodResult", "MicroBatchPlanner"]
