@@ -32,9 +32,9 @@ from trainsim.search.exports import search_output_files
 from trainsim.search.hetero.objectives import with_prices
 from trainsim.search.hetero.pareto import ParetoPoint
 from trainsim.search.hetero.sweep import compositions, parse_range, sweep
+from trainsim.search.methods import get_planner
 from trainsim.search.microbatch.planner import METHODS as MICROBATCH_METHODS
 from trainsim.search.microbatch.planner import MethodResult, MicroBatchPlanner
-from trainsim.search.methods import get_planner
 from trainsim.search.oracle import Oracle
 from trainsim.search.planner import SearchRecord, SearchResult, SearchSpec, run_search
 from trainsim.simulator.engines import ENGINES, check_engine, run_program

@@ -17,9 +17,9 @@ from trainsim.commands.accuracy import accuracy_command
 from trainsim.commands.calibrate import app as calibrate_app
 from trainsim.commands.energy import app as energy_app
 from trainsim.commands.hw import app as hw_app
+from trainsim.commands.microbatch import microbatch_command
 from trainsim.commands.models import app as models_app
 from trainsim.commands.output import EXIT_BAD_INPUT, error_line, one_line
-from trainsim.commands.microbatch import microbatch_command
 from trainsim.commands.pareto import pareto_command
 from trainsim.commands.search import search_command
 from trainsim.commands.simulate import simulate_command

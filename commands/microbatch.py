@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from trainsim import api
 from trainsim.commands.output import check_new_file, dumps, print_table, user_errors
 from trainsim.search.microbatch.planner import METHODS, MethodResult
+from trainsim.simulator.result import SimResult
 
 MAX_ITERATIONS = 10_000
 MAX_TOKENS_PER_BATCH = 16_000_000
@@ -82,8 +83,8 @@ def microbatch_command(
     for name, value in (("--dp", dp), ("--tp", tp), ("--pp", pp)):
         if not 1 <= value <= 65_536:
             raise typer.BadParameter("must be 1 to 65536", param_hint=name)
-    for name, value in (("--max-len", max_len), ("--max-target-len", max_target_len)):
-        if value is not None and not 8 <= value <= 1_048_576:
+    for name, limit in (("--max-len", max_len), ("--max-target-len", max_target_len)):
+        if limit is not None and not 8 <= limit <= 1_048_576:
             raise typer.BadParameter("must be 8 to 1048576", param_hint=name)
     if packing_attention not in ("eager", "flash"):
         raise typer.BadParameter("must be eager or flash", param_hint="--packing-attention")
@@ -114,11 +115,11 @@ def microbatch_command(
     else:
         print_table(title, list(rows[0]), [list(r.values()) for r in rows])
     if out is not None:
-        from trainsim.search.microbatch.page import write_page  # deferred: plotly start-up
+        from trainsim.search.microbatch.page import write_page  # deferred: start-up time (plotly)
 
         ran = [r for r in results if r.iterations]
         fastest = max(ran, key=lambda r: r.tokens_per_s, default=None)
-        timeline = None
+        timeline: SimResult | None = None
         if fastest is not None and fastest.iterations[0].plan is not None:
             oracle = planner.oracle(fastest.method)
             timeline = oracle.simulate(fastest.iterations[0].plan)
@@ -130,7 +131,7 @@ def microbatch_command(
 def _rows(results: list[MethodResult]) -> list[dict[str, object]]:
     base = next((r.tokens_per_s for r in results if r.method == "packing" and r.iterations),
                 None)
-    rows = []
+    rows: list[dict[str, object]] = []
     for r in results:
         if not r.iterations:
             rows.append({"method": r.method, "real tokens/s": None, "vs packing": None,

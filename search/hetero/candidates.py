@@ -26,13 +26,13 @@ import numpy as np
 
 from trainsim.hwmodels.cluster import Cluster
 from trainsim.search.hetero.block_costs import BlockCosts, BlockCostTable
-from trainsim.search.hetero.space import node_kinds
 from trainsim.search.hetero.partition import (
     exact_partition,
     minmax_partition,
     stage_times,
     uniform_counts,
 )
+from trainsim.search.hetero.space import node_kinds
 
 BOUND_SLACK = 1e-9
 """Relative slack under the bound: the engine sums the same floats in another order."""

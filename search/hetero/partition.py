@@ -126,8 +126,7 @@ def _scan_bounds(cost: np.ndarray, blocks: int, values: np.ndarray, start: int, 
                     c = cost[k, i, j]
                     if c <= bound:
                         v = cur[i] + c
-                        if v < low:
-                            low = v
+                        low = min(low, v)
                 nxt[j] = low
             for j in range(n):
                 cur[j] = nxt[j]

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from trainsim.hwmodels.gpus import GpuSpec
 from trainsim.hwmodels.opcost import OpCostModel, RooflineCostModel
@@ -118,7 +119,7 @@ class MicroBatchCosts:
             self.build_s += time.perf_counter() - t0
         return self._grid
 
-    def _interp(self, what: str, b: np.ndarray, s: np.ndarray, t: np.ndarray | None
+    def _interp(self, what: str, b: ArrayLike, s: ArrayLike, t: ArrayLike | None
                 ) -> np.ndarray:
         grid = self._table()[what]
         lb = np.log2(np.clip(np.asarray(b, dtype=float), 1, self.b_grid[-1]))
@@ -144,17 +145,17 @@ class MicroBatchCosts:
                     out = out + bw * sw * tw * grid[bi, si, ti]
         return out * np.asarray(b, dtype=float)
 
-    def time(self, b: np.ndarray, s: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+    def time(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None) -> np.ndarray:
         """Interpolated bottleneck-stage time of micro-batches (b samples, length s, target t)."""
         return self._interp("time", b, s, t)
 
-    def kept(self, b: np.ndarray, s: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+    def kept(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None) -> np.ndarray:
         """Interpolated activation bytes stage 0 keeps per micro-batch."""
         return self._interp("kept", b, s, t)
 
-    def extra(self, b: np.ndarray, s: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
+    def extra(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None) -> np.ndarray:
         """Interpolated transient backward bytes per micro-batch."""
         return self._interp("extra", b, s, t)
 
 
-__all__ = ["Figures", "MicroBatchCosts", "PAD", "pad"]
+__all__ = ["PAD", "Figures", "MicroBatchCosts", "pad"]

@@ -43,7 +43,7 @@ def overview_figure(dataset: LengthDataset, results: Sequence[MethodResult], tit
         shapes = np.array(r.iterations[0].batching.shapes(), dtype=float)
         padded = shapes[:, 1] * (shapes[:, 2] + shapes[:, 3])
         text = [f"{r.method}: replica {int(d)}, {int(b)} x {int(s)}"
-                + (f"+{int(t)}" if t else "") + f" tokens" for d, b, s, t in shapes]
+                + (f"+{int(t)}" if t else "") + " tokens" for d, b, s, t in shapes]
         fig.add_trace(go.Scatter(
             x=shapes[:, 2], y=shapes[:, 1], mode="markers", name=r.method, text=text,
             hoverinfo="text", marker={"color": _COLOURS[i % len(_COLOURS)],

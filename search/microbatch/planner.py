@@ -14,8 +14,9 @@ not run out of memory. Methods:
   Megatron-LM used in 2023, takes causal masks only -- assumed, as in DynaPipe's baseline).
 * `dynapipe` -- faithful: ordering, DP over thinned t_max candidates, Karmarkar–Karp; 1F1B or
   interleaved 1F1B, whichever the engine finds faster.
-* `ours` -- the exact t_max search and, jointly, 1F1B, interleaved or ZB-H1 per iteration;
-  `ours-1f1b` the same micro-batches on 1F1B only (what the schedule choice adds).
+* `ours` -- the exact t_max search and, jointly, per iteration: that split or the thinned one,
+  on 1F1B, interleaved or ZB-H1, whichever replays fastest within memory; `ours-1f1b` the
+  exact split on 1F1B only (what the joint choice adds).
 
 Reported per method: real tokens/s (padding excluded), padding efficiency, peak memory,
 recompute used, schedule chosen and planning time (forming the micro-batches, without the
@@ -175,25 +176,22 @@ class MicroBatchPlanner:
                             memory_bytes=self.activation_budget(recompute),
                             exact=method != "dynapipe")
         setting = self._settings.get(method)
-        options: list[Callable[[], Batching]]
-        if method == "packing":
-            sizes = [setting] if setting else [2**k for k in range(8)]
-            options = [lambda k=k: packing(inputs, targets, max_len=self.max_len,
-                                           max_target=self.max_target, micro_batch_size=k,
-                                           dp=dp) for k in sizes]
-        elif method == "token-budget":
-            budgets = [setting] if setting else [self.max_len * 2**k for k in range(7)]
-            options = [lambda k=k: token_budget(inputs, targets, budget=k, dp=dp)
-                       for k in budgets]
-        else:
-            sizes = [setting] if setting else [2**k for k in range(8)]
-            options = [lambda k=k: fixed(inputs, targets, micro_batch_size=k, dp=dp)
-                       for k in sizes]
-        keys = sizes if method != "token-budget" else budgets
+
+        def make(key: int) -> Batching:
+            if method == "packing":
+                return packing(inputs, targets, max_len=self.max_len, max_target=self.max_target,
+                               micro_batch_size=key, dp=dp)
+            if method == "token-budget":
+                return token_budget(inputs, targets, budget=key, dp=dp)
+            return fixed(inputs, targets, micro_batch_size=key, dp=dp)
+
+        keys = [setting] if setting else (
+            [self.max_len * 2**k for k in range(7)] if method == "token-budget"
+            else [2**k for k in range(8)])
         packed = method == "packing"
         best: tuple[float, Batching, Any] | None = None
-        for key, make in zip(keys, options):
-            b = make()
+        for key in keys:
+            b = make(key)
             if not self._fits(b, recompute, packed):
                 continue
             est = self._estimate(b, recompute, packed)
@@ -215,6 +213,11 @@ class MicroBatchPlanner:
             formed = self._form(method, inputs, targets, rc)
             if formed is not None:
                 break
+        options = [formed] if formed is not None else []
+        if method == "ours" and formed is not None:  # jointly: the thinned split may replay
+            thinned = self._form("dynapipe", inputs, targets, rc)  # faster on the engine
+            if thinned is not None and thinned.replicas != formed.replicas:
+                options.append(thinned)
         planning = time.perf_counter() - t0 - (self._build_s() - built)
         if formed is None:
             raise SpecError(f"{method}: a single sample of this batch does not fit in "
@@ -222,25 +225,27 @@ class MicroBatchPlanner:
                             f"(dp={self.dp} tp={self.tp} pp={self.pp}); use more stages or a "
                             f"shorter --max-len")
         oracle = self.oracle(method)
-        best: tuple[Summary, str, ParallelPlan] | None = None
-        for sched in SCHEDULES[method]:
-            plan = self._plan(formed, rc, sched)
-            if plan is None:
-                continue
-            s = oracle.evaluate(plan)
-            fits = not s.oom and s.peak_memory_bytes <= self.capacity
-            if best is None or (fits, -s.iteration_time_s) > (
-                    not best[0].oom and best[0].peak_memory_bytes <= self.capacity,
-                    -best[0].iteration_time_s):
-                best = (s, sched, plan)
+        best: tuple[Summary, str, ParallelPlan, Batching] | None = None
+        for option in options:
+            for sched in SCHEDULES[method]:
+                plan = self._plan(option, rc, sched)
+                if plan is None:
+                    continue
+                s = oracle.evaluate(plan)
+                if best is None or self._rank(s) < self._rank(best[0]):
+                    best = (s, sched, plan, option)
         assert best is not None  # 1F1B always builds
-        s, sched, plan = best
+        s, sched, plan, formed = best
         return IterationResult(
             time_s=s.iteration_time_s, real_tokens=formed.real_tokens,
             padded_tokens=formed.padded_tokens, peak_bytes=s.peak_memory_bytes, recompute=rc,
             schedule=sched, planning_s=planning,
             micro_batches=sum(len(r) for r in formed.replicas),
             fits=not s.oom and s.peak_memory_bytes <= self.capacity, batching=formed, plan=plan)
+
+    def _rank(self, s: Summary) -> tuple[bool, float]:
+        """Order replays: the ones that fit memory first, then the fastest."""
+        return (s.oom or s.peak_memory_bytes > self.capacity, s.iteration_time_s)
 
     def _plan(self, b: Batching, recompute: str, schedule: str) -> ParallelPlan | None:
         fields: dict[str, Any] = {
