@@ -83,9 +83,10 @@ def simulate_command(
                                      "fp8 (FP8 linear layers, rest BF16; Hopper), tf32 or fp32 "
                                      "[default: the plan's, fp16]."),
     framework: str | None = typer.Option(None, "--framework", help="Framework profile: "
-                                         "megatron, deepspeed, torchtitan, hf-eager or default "
-                                         "(sets the attention kernel; workloads/data/"
-                                         "frameworks.yaml)."),
+                                         "megatron, nemo, deepspeed, torchtitan, hf-eager or "
+                                         "default (sets the attention kernel and, with --tp > 1 "
+                                         "and no --sp/--no-sp, sequence parallelism; "
+                                         "workloads/data/frameworks.yaml)."),
     attention: str | None = typer.Option(None, "--attention", help="Attention kernel: flash "
                                          "(fused, no s² activations) or eager (unfused) "
                                          "[default: the framework's, flash]."),

@@ -27,7 +27,7 @@ from trainsim.errors import DataFileError, TrainsimError
 from trainsim.hwmodels.cluster import Cluster, parse_cluster_spec
 from trainsim.hwmodels.gpus import get_gpu
 from trainsim.simulator.engines import run_program
-from trainsim.workloads.framework import apply_framework, list_frameworks
+from trainsim.workloads.framework import apply_framework, get_framework, list_frameworks
 from trainsim.workloads.lowering import LoweringOptions, lower
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.plan import ParallelPlan
@@ -47,8 +47,8 @@ _INTS = ("nodes", "gpus_per_node", "layers", "hidden", "heads", "kv_heads", "ffn
 THROUGHPUT, MEMORY = "tokens_per_s_per_gpu", "peak_memory_gib"
 REF_KINDS = (THROUGHPUT, MEMORY)
 RECOMPUTE = ("none", "selective", "full")
-FRAMEWORK_ALIASES = {"nemo": "megatron"}
-"""CSV framework names trainsim profiles under another name: NeMo trains with Megatron-Core."""
+FRAMEWORK_ALIASES: dict[str, str] = {}
+"""CSV framework names trainsim profiles under another name (none now: NeMo has its profile)."""
 GROUPINGS = ("GPU generation", "framework", "source", "overall")
 GIB = 2**30
 
@@ -269,8 +269,11 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
         "tp": tp, "pp": pp, "dp": run.integer("dp"),
         "global_batch": global_batch, "seq_len": run.integer("seq"), "dtype": dtype,
         "micro_batch_size": int(_default(run, "micro_batch", 1, notes)),
-        "sp": _default(run, "sequence_parallel", "false", notes,
-                       matters=tp > 1).lower() in ("true", "1"),
+        # an empty cell: the framework's default, which only exists with tensor parallelism
+        "sp": tp > 1 and _default(
+            run, "sequence_parallel",
+            "true" if get_framework(framework).sequence_parallel.value else "false",
+            notes).lower() in ("true", "1"),
         # `selective` (torchtitan's "selective layer" / "selective op", SOURCES.md) maps to
         # the plan's selective policy: Megatron's attention-core recompute, the closest one.
         "recompute": _default(run, "recompute", "none", notes),

@@ -1,8 +1,9 @@
 """Framework profiles: how a training stack runs a model's kernels, from data/frameworks.yaml.
 
-A `FrameworkProfile` (megatron, deepspeed, torchtitan, hf-eager, default) says which attention
-kernel the stack runs (`ModelSpec.attention`: "flash" or "eager") and which fused kernels it
-uses, each value with its source. `apply_framework(spec, framework, attention)` returns the
+A `FrameworkProfile` (megatron, nemo, deepspeed, torchtitan, hf-eager, default) says which
+attention kernel the stack runs (`ModelSpec.attention`: "flash" or "eager"), whether it turns
+sequence parallelism on with tensor parallelism, and which fused kernels it uses, each value
+with its source. `apply_framework(spec, framework, attention)` returns the
 model as that stack trains it: the profile's attention kernel unless `attention` overrides it.
 The lowering sees the result through the `ModelSpec` it builds the graph from.
 
@@ -51,6 +52,10 @@ class FrameworkProfile:
     """Attention kernel: "flash" or "eager" (`ModelSpec.attention`)."""
     fusions: Mapping[str, Sourced] = field(default_factory=dict, hash=False)
     """Fused kernels the stack runs by default (recorded facts; see the module docstring)."""
+    sequence_parallel: Sourced = field(default_factory=lambda: Sourced(
+        value=False, source="assumed: off unless the profile says otherwise"))
+    """Whether the stack shards the norms' and dropouts' activations over the tensor-parallel
+    group (Korthikanti et al. 2022) by default when tp > 1 (`ParallelPlan.sp`)."""
 
 
 def _sourced(where: str, raw: object, check: tuple[Any, ...] | type) -> Sourced:
@@ -81,10 +86,11 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
         at = f"{where}: profiles.{name}"
         if not isinstance(raw, Mapping):
             raise DataFileError(f"{at}: must be a mapping of fields")
-        unknown = sorted(set(raw) - {"description", "attention", "fusions"})
+        unknown = sorted(set(raw) - {"description", "attention", "fusions",
+                                     "sequence_parallel"})
         if unknown:
             raise DataFileError(f"{at}: unknown field {unknown[0]!r} (valid: attention, "
-                                f"description, fusions)")
+                                f"description, fusions, sequence_parallel)")
         if "attention" not in raw:
             raise DataFileError(f"{at}: misses field 'attention'")
         fusions_raw = raw.get("fusions") or {}
@@ -99,7 +105,10 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
         out[str(name).lower()] = FrameworkProfile(
             name=str(name).lower(), description=str(raw.get("description", "")),
             attention=_sourced(f"{at}.attention", raw["attention"], ATTENTION_KERNELS),
-            fusions=MappingProxyType(fusions))
+            fusions=MappingProxyType(fusions),
+            **({"sequence_parallel": _sourced(f"{at}.sequence_parallel",
+                                              raw["sequence_parallel"], bool)}
+               if "sequence_parallel" in raw else {}))
     if DEFAULT_FRAMEWORK not in out:
         raise DataFileError(f"{where}: profiles misses the '{DEFAULT_FRAMEWORK}' profile")
     return out

@@ -202,3 +202,21 @@ def test_every_published_row_is_compared_or_listed(
     assert all(s.reason and "\n" not in s.reason for s in skipped)
     kinds = {s.kind for s in pr.group_stats(results)}
     assert kinds <= set(pr.REF_KINDS)
+
+
+@pytest.mark.parametrize(("framework", "cell", "sp"), [
+    ("torchtitan", "", True),    # torchtitan shards the norms with TP (frameworks.yaml)
+    ("nemo", "", True),          # NeMo's recipes turn sequence_parallelism on
+    ("megatron", "", False),     # Megatron-LM's --sequence-parallel is opt-in
+    ("torchtitan", "false", False),  # a stated cell wins
+])
+def test_empty_sequence_parallel_takes_the_frameworks_default(framework: str, cell: str,
+                                                              sp: bool) -> None:
+    expressed = pr.express(run_of(framework=framework, sequence_parallel=cell, tp="2", dp="1",
+                                  zero="0"))
+    assert isinstance(expressed, pr.Expressed), expressed
+    assert expressed.plan.sp is sp
+    noted = any("sequence_parallel not stated" in n for n in expressed.assumptions)
+    assert noted is (cell == "")
+    single = pr.express(run_of(framework=framework, sequence_parallel=cell))  # tp = 1
+    assert isinstance(single, pr.Expressed) and single.plan.sp is False

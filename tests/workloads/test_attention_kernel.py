@@ -191,3 +191,16 @@ def test_cli_framework_and_attention_flags(tmp_path) -> None:
     assert peak["flash"] < peak["eager"]
     bad = runner.invoke(app, [*base, "--framework", "jax"])
     assert bad.exit_code == 2
+
+
+def test_profiles_carry_a_sourced_sequence_parallel_default() -> None:
+    from trainsim.workloads.framework import get_framework, parse_profiles
+
+    assert get_framework("torchtitan").sequence_parallel.value is True
+    assert get_framework("nemo").sequence_parallel.value is True
+    assert get_framework("megatron").sequence_parallel.value is False
+    assert "SequenceParallel" in get_framework("torchtitan").sequence_parallel.source
+    bad = {"profiles": {"default": {"attention": {"value": "flash", "source": "x"},
+                                    "sequence_parallel": {"value": "yes", "source": "x"}}}}
+    with pytest.raises(DataFileError, match="sequence_parallel"):
+        parse_profiles(bad)
