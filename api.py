@@ -51,7 +51,7 @@ from trainsim.validate.published_runs import evaluate as _evaluate_runs
 from trainsim.validate.small_models import get_validation_model, list_validation_models
 from trainsim.validate.trace_record import MeasuredTrace, import_kineto, parse_plan
 from trainsim.validate.trace_record import record_trace as _record_trace
-from trainsim.workloads.framework import apply_framework
+from trainsim.workloads.framework import apply_framework, get_framework
 from trainsim.workloads.lengths import (
     LengthDataset,
     fit_max_len,
@@ -236,9 +236,14 @@ def make_plan(model: ModelSpec, cluster: Cluster,
 
     `recompute` may be given as "none" / "selective" / "full" or "op1,op2,...".
     `framework` / `attention`: the model as that stack trains it (workloads/framework.py),
-    for the defaults that depend on its memory; None keeps the model's own kernel.
+    for the defaults that depend on its memory; None keeps the model's own kernel. A framework
+    whose profile turns sequence parallelism on with tensor parallelism (torchtitan, nemo) sets
+    `sp` when the plan has tp > 1 and neither `plan` nor `overrides` say.
     """
     model = apply_framework(model, framework, attention)
+    if framework is not None and overrides.get("sp") is None and plan is None \
+            and (overrides.get("tp") or 1) > 1:
+        overrides["sp"] = bool(get_framework(framework).sequence_parallel.value)
     if isinstance(plan, (str, Path)):
         base: dict[str, Any] | None = read_plan_file(plan).fields
     elif isinstance(plan, ParallelPlan):

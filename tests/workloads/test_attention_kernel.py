@@ -204,3 +204,13 @@ def test_profiles_carry_a_sourced_sequence_parallel_default() -> None:
                                     "sequence_parallel": {"value": "yes", "source": "x"}}}}
     with pytest.raises(DataFileError, match="sequence_parallel"):
         parse_profiles(bad)
+
+
+def test_framework_turns_sequence_parallel_on_with_tp_unless_told() -> None:
+    model, hw = api.load_model("gpt3-125m"), api.load_cluster("4xA100-SXM4-40GB")
+    common = {"tp": 2, "dp": 2, "pp": 1, "global_batch": 8}
+    assert api.make_plan(model, hw, framework="torchtitan", **common).sp is True
+    assert api.make_plan(model, hw, framework="megatron", **common).sp is False
+    assert api.make_plan(model, hw, framework="torchtitan", sp=False, **common).sp is False
+    assert api.make_plan(model, hw, framework="torchtitan", **{**common, "tp": 1,
+                                                                "dp": 4}).sp is False
