@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from trainsim.hwmodels.cluster import Cluster
+from trainsim.search.bound import pipeline_bound
 from trainsim.search.hetero.block_costs import BlockCosts, BlockCostTable
 from trainsim.search.hetero.partition import (
     exact_partition,
@@ -33,9 +34,6 @@ from trainsim.search.hetero.partition import (
     uniform_counts,
 )
 from trainsim.search.hetero.space import node_kinds
-
-BOUND_SLACK = 1e-9
-"""Relative slack under the bound: the engine sums the same floats in another order."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -211,13 +209,8 @@ class CandidateBuilder:
             # a zero-bubble schedule takes the first crossing's W passes off that path
             first = sum(t_est) - (sum(t_w) if zero_bubble else 0.0)
             est = max(est, first + (m - 1) * max(t_est))
-            # before stage b: micro-batch 0's forward over stages < b; after it, 1F1B only (its
-            # last pass is a full backward): that backward over stages < b. A zero-bubble
-            # stage may end on a deferred W pass while the stages before it run their last
-            # backward, so it gets no tail.
-            crossing = np.asarray(t_f) if zero_bubble else np.asarray(t_cmp)
-            before = np.concatenate(([0.0], np.cumsum(crossing)[:-1]))
-            bound = max(bound, float(np.max(before + m * np.asarray(t_cmp))))
+            bound = max(bound, pipeline_bound(t_cmp, t_f, m,
+                                              full_backward_last=not zero_bubble))
         fields: dict[str, Any] = {
             "dp": deg.dp, "tp": deg.tp, "pp": deg.pp, "micro_batch_size": mbs,
             "global_batch": self.batch, "recompute": deg.recompute, "schedule": deg.schedule,
@@ -229,8 +222,8 @@ class CandidateBuilder:
                  f"{deg.schedule} "
                  f"layers={'/'.join(map(str, counts))}"
                  + (f" split={'/'.join(map(str, split))}" if split else "") + f" ({note})")
-        return Candidate(fields=fields, note=label, estimate_s=est,
-                         bound_s=bound * (1 - BOUND_SLACK), stage_types=tuple(stage_type))
+        return Candidate(fields=fields, note=label, estimate_s=est, bound_s=bound,
+                         stage_types=tuple(stage_type))
 
 
 __all__ = ["Candidate", "CandidateBuilder", "Degrees", "Layout"]
