@@ -62,6 +62,8 @@ def simulate_command(
     tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel degree."),
     pp: int | None = typer.Option(None, "--pp", help="Pipeline-parallel degree."),
     sp: bool | None = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism."),
+    cp: int | None = typer.Option(None, "--cp", help="Context parallelism: each sequence split "
+                                  "over CP GPUs (ring attention); GPUs = dp x cp x tp x pp."),
     ep: int | None = typer.Option(None, "--ep", help="Expert-parallel degree (MoE models: "
                                   "experts split across data-parallel ranks, all-to-all)."),
     micro_batch: int | None = typer.Option(None, "--micro-batch", help="Micro-batch size."),
@@ -130,7 +132,7 @@ def simulate_command(
     saved = api.read_plan(plan_file) if plan_file is not None else None
     model = model or (saved and saved.model) or DEFAULT_MODEL
     cluster = cluster or (saved and saved.cluster) or DEFAULT_CLUSTER
-    given = {"dp": dp, "tp": tp, "pp": pp, "sp": sp, "ep": ep, "micro_batch_size": micro_batch,
+    given = {"dp": dp, "tp": tp, "pp": pp, "sp": sp, "cp": cp, "ep": ep, "micro_batch_size": micro_batch,
              "global_batch": global_batch, "seq_len": seq_len, "schedule": schedule,
              "virtual_stages": virtual_stages, "zero": zero, "freq_mhz": freq_mhz,
              "recompute": recompute, "dp_batch_split": _split(dp_batch_split),
@@ -277,6 +279,7 @@ def _render(result: SimResult, model: str, cluster: str, plan: ParallelPlan,
     console = Console()
     s = result.to_summary_dict()
     head = Table(title=f"{model} on {cluster}: dp={plan.dp} tp={plan.tp} pp={plan.pp} "
+                       + (f"cp={plan.cp} " if plan.cp > 1 else "") +
                        f"mb={plan.micro_batch_size}×{plan.num_micro_batches} {plan.schedule} "
                        f"recompute={plan.recompute} zero={plan.zero}", show_header=False)
     head.add_column("metric")

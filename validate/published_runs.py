@@ -226,6 +226,19 @@ def _default(run: PublishedRun, key: str, value: Any, notes: list[str],
     return value
 
 
+def _micro_batch_size(run: PublishedRun, framework: str, pp: int, notes: list[str]) -> int:
+    """The row's micro-batch size. A stack that splits each rank's local batch into one
+    micro-batch per pipeline stage (torchtitan) publishes that local batch in the column, so
+    with pp > 1 it is divided by pp (noted)."""
+    given = int(_default(run, "micro_batch", 1, notes))
+    if pp > 1 and get_framework(framework).pipeline_microbatches.value == "pp" \
+            and given % pp == 0:
+        notes.append(f"local batch {given} split into pp={pp} micro-batches of {given // pp} "
+                     f"({framework}'s default)")
+        return given // pp
+    return given
+
+
 def express(run: PublishedRun) -> Expressed | NotExpressible:
     """Model, cluster and plan of a row, or the reason trainsim cannot express it yet."""
     def no(reason: str) -> NotExpressible:
@@ -268,7 +281,7 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
     fields: dict[str, Any] = {
         "tp": tp, "pp": pp, "dp": run.integer("dp"),
         "global_batch": global_batch, "seq_len": run.integer("seq"), "dtype": dtype,
-        "micro_batch_size": int(_default(run, "micro_batch", 1, notes)),
+        "micro_batch_size": _micro_batch_size(run, framework, pp, notes),
         # an empty cell: the framework's default, which only exists with tensor parallelism
         "sp": tp > 1 and _default(
             run, "sequence_parallel",

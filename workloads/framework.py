@@ -56,6 +56,11 @@ class FrameworkProfile:
         value=False, source="assumed: off unless the profile says otherwise"))
     """Whether the stack shards the norms' and dropouts' activations over the tensor-parallel
     group (Korthikanti et al. 2022) by default when tp > 1 (`ParallelPlan.sp`)."""
+    pipeline_microbatches: Sourced = field(default_factory=lambda: Sourced(
+        value="given", source="assumed: the run states its micro-batch size"))
+    """How a pipeline-parallel run splits each data-parallel rank's local batch: "given"
+    (the micro-batch size is stated) or "pp" (into as many micro-batches as pipeline stages,
+    torchtitan's default)."""
 
 
 def _sourced(where: str, raw: object, check: tuple[Any, ...] | type) -> Sourced:
@@ -87,10 +92,11 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
         if not isinstance(raw, Mapping):
             raise DataFileError(f"{at}: must be a mapping of fields")
         unknown = sorted(set(raw) - {"description", "attention", "fusions",
-                                     "sequence_parallel"})
+                                     "sequence_parallel", "pipeline_microbatches"})
         if unknown:
             raise DataFileError(f"{at}: unknown field {unknown[0]!r} (valid: attention, "
-                                f"description, fusions, sequence_parallel)")
+                                f"description, fusions, pipeline_microbatches, "
+                                f"sequence_parallel)")
         if "attention" not in raw:
             raise DataFileError(f"{at}: misses field 'attention'")
         fusions_raw = raw.get("fusions") or {}
@@ -108,7 +114,11 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
             fusions=MappingProxyType(fusions),
             **({"sequence_parallel": _sourced(f"{at}.sequence_parallel",
                                               raw["sequence_parallel"], bool)}
-               if "sequence_parallel" in raw else {}))
+               if "sequence_parallel" in raw else {}),
+            **({"pipeline_microbatches": _sourced(f"{at}.pipeline_microbatches",
+                                                  raw["pipeline_microbatches"],
+                                                  ("given", "pp"))}
+               if "pipeline_microbatches" in raw else {}))
     if DEFAULT_FRAMEWORK not in out:
         raise DataFileError(f"{where}: profiles misses the '{DEFAULT_FRAMEWORK}' profile")
     return out

@@ -85,6 +85,11 @@ class ModelSpec:
     attention: str = "flash"
     """Attention kernel: "flash" (fused, no s² activations) or "eager" (`ATTENTION_KERNELS`);
     a framework profile (workloads/framework.py) sets it."""
+    context_parallel: int = 1
+    """Context-parallel degree the graph is built for: with c > 1 the graph is one rank's
+    share -- every op runs on seq/c tokens, while self attention reads the keys and values of
+    the whole sequence (ring attention). Set by the lowering from `ParallelPlan.cp`, not by
+    model files."""
     type_vocab_size: int = 0
     """BERT token-type embeddings (2 for BERT)."""
     pooler: bool = False
@@ -126,6 +131,8 @@ class ModelSpec:
             raise bad("dtype", f"is not one of {', '.join(DTYPE_BYTES)}")
         if self.attention not in ATTENTION_KERNELS:
             raise bad("attention", f"is not one of {', '.join(ATTENTION_KERNELS)}")
+        if not isinstance(self.context_parallel, int) or self.context_parallel < 1:
+            raise bad("context_parallel", "must be an integer >= 1")
         if self.family == "wresnet":
             if not self.blocks or any(b < 1 for b in self.blocks):
                 raise bad("blocks", "must list >= 1 block per stage")

@@ -120,6 +120,11 @@ class ParallelPlan:
     """Sequence parallelism on top of tensor parallelism (Korthikanti et al. 2022)."""
     ep: int = 1
     """Expert-parallel degree for MoE layers; must divide the expert count and dp·tp."""
+    cp: int = 1
+    """Context-parallel degree: each sample's sequence is split over cp GPUs, which run every
+    op on their seq/cp tokens and exchange keys and values around a ring for self attention
+    (torchtitan, Megatron-LM --context-parallel-size). GPUs = dp·cp·tp·pp; gradients are
+    reduced over dp·cp."""
     micro_batch_size: int = 1
     """Samples per micro-batch per data-parallel replica (ignored with `micro_batches`)."""
     global_batch: int | None = None
@@ -204,6 +209,8 @@ class ParallelPlan:
             self._check_replica_lists()
         else:
             self._check_counts()
+        if self.cp > 1:
+            self._check_context_parallel()
         if isinstance(self.recompute, str) and self.recompute not in RECOMPUTE_POLICIES:
             raise PlanError(f"plan.recompute={self.recompute!r} must be one of "
                             f"{', '.join(RECOMPUTE_POLICIES)} or a list of op names")
@@ -236,7 +243,7 @@ class ParallelPlan:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        for name in ("dp", "tp", "pp", "ep", "micro_batch_size", "virtual_stages"):
+        for name in ("dp", "tp", "pp", "ep", "cp", "micro_batch_size", "virtual_stages"):
             put(name, _int(name, getattr(self, name)))
         put("zero", _int("zero", self.zero, "0, 1, 2 or 3", minimum=0))
         for name in ("global_batch", "num_micro_batches", "seq_len"):
@@ -338,6 +345,19 @@ class ParallelPlan:
         if self.global_batch is None:
             object.__setattr__(self, "global_batch",
                                cast(int, self.num_micro_batches) * self.micro_batch_size * self.dp)
+
+    def _check_context_parallel(self) -> None:
+        """cp > 1 splits every sample's sequence evenly over the ring: uniform micro-batches of
+        one length, the same replicas on every stage."""
+        for name in ("micro_batches", "replica_micro_batches", "dp_batch_split", "stage_gpus",
+                     "stage_tp", "stage_op_tp"):
+            if getattr(self, name) is not None:
+                raise PlanError(f"plan.cp={self.cp} cannot be combined with plan.{name}")
+        if self.op_tp:
+            raise PlanError(f"plan.cp={self.cp} cannot be combined with plan.op_tp")
+        if self.seq_len is not None and self.seq_len % self.cp:
+            raise PlanError(f"plan.seq_len={self.seq_len} is not divisible by plan.cp={self.cp}: "
+                            f"each context-parallel rank takes an equal share of the sequence")
 
     def _check_replica_lists(self) -> None:
         """`replica_micro_batches`: one non-empty list per replica, alone among the batch
@@ -479,13 +499,13 @@ class ParallelPlan:
         """GPUs the plan occupies: dp × tp × pp, or the sum of `stage_gpus`."""
         if self.stage_gpus is not None:
             return sum(self.stage_gpus)
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     def gpus_of_stage(self, stage: int) -> int:
         """GPUs of a physical stage: `stage_gpus[stage]`, else dp × tp."""
         if self.stage_gpus is not None:
             return self.stage_gpus[stage]
-        return self.dp * self.tp
+        return self.dp * self.cp * self.tp
 
     def recompute_of_stage(self, stage: int) -> str | tuple[str, ...]:
         """Recompute policy of a physical stage (`stage_recompute`, else `recompute`)."""
@@ -594,6 +614,9 @@ class ParallelPlan:
                 raise PlanError(f"plan.stage_tp has {len(self.stage_tp)} values but pp={self.pp}")
             return
         if self.gpus != n:
+            if self.cp > 1:
+                raise PlanError(f"plan dp×cp×tp×pp = {self.dp}×{self.cp}×{self.tp}×{self.pp} = "
+                                f"{self.gpus} but the cluster has {n} GPUs")
             options = sorted({(d, t, n // (d * t)) for t in _divisors(n) for d in _divisors(n // t)
                               if t == self.tp or n // (d * t) == self.pp})
             hint = ", ".join(f"dp={d} tp={t} pp={p}" for d, t, p in options[:4])
@@ -632,6 +655,18 @@ class ParallelPlan:
                                 f"(valid: {_divisors(experts)})")
             if (self.dp * self.tp) % self.ep:
                 raise PlanError(f"plan.ep={self.ep} must divide dp×tp={self.dp * self.tp}")
+        if self.cp > 1:
+            family = getattr(model, "family", None)
+            if family not in ("gpt", "llama", "moe"):
+                raise PlanError(f"plan.cp={self.cp}: context parallelism is modelled for "
+                                f"decoder-only transformers (gpt, llama, moe), not {family}")
+            if getattr(model, "attention", "flash") != "flash":
+                raise PlanError(f"plan.cp={self.cp} needs the fused attention kernel (ring "
+                                f"attention streams keys and values through it); the model "
+                                f"runs eager attention")
+            seq = self.seq_len or int(getattr(model, "seq_len", 0) or 0)
+            if seq % self.cp:
+                raise PlanError(f"sequence length {seq} is not divisible by plan.cp={self.cp}")
         if self.sp and self.tp == 1:
             raise PlanError("plan.sp=true needs plan.tp > 1 (sequence parallelism splits along "
                             "the tensor-parallel group)")
@@ -740,7 +775,7 @@ class ParallelPlan:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if (f.name in ("dp_batch_split", "node_order", "replica_micro_batches")
-                    and value is None) or \
+                    and value is None) or (f.name == "cp" and value == 1) or \
                     (f.name == "overlap_grad_reduce" and value):
                 continue
             if f.name == "micro_batches" and value is not None:

@@ -70,8 +70,13 @@ def plan_fields(model: ModelSpec, cluster: Cluster, base: Mapping[str, Any] | No
     fields: dict[str, Any] = dict(base) if base is not None else {}
     if base is None:
         blocks = int(getattr(model, "num_blocks", 0) or model.num_layers)
+        cp = given.get("cp", 1)
+        if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1 \
+                or cluster.num_gpus % cp:
+            raise PlanError(f"plan.cp={cp!r} must be a positive integer dividing the cluster's "
+                            f"{cluster.num_gpus} GPUs")
         given["dp"], given["tp"], given["pp"] = default_degrees(
-            cluster.num_gpus, blocks, given.get("dp"), given.get("tp"), given.get("pp"))
+            cluster.num_gpus // cp, blocks, given.get("dp"), given.get("tp"), given.get("pp"))
         if "global_batch" not in given:
             mbs = given.get("micro_batch_size", 1)
             if isinstance(mbs, bool) or not isinstance(mbs, int) or mbs < 1:

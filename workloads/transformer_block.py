@@ -56,7 +56,8 @@ LSE_BYTES = 4
 L = m + log(l), one value per query row and head)."""
 
 
-def flash_attention_op(name: str, spec: ModelSpec, b: int, s_q: int, s_kv: int) -> Op:
+def flash_attention_op(name: str, spec: ModelSpec, b: int, s_q: int, s_kv: int,
+                       kv_local: int | None = None) -> Op:
     """The fused attention core of FlashAttention-2 / SDPA (Dao 2023, arXiv:2307.08691).
 
     One kernel computes softmax(QKᵀ/√d)·V tile by tile in on-chip memory, so the s_q×s_kv
@@ -75,11 +76,15 @@ def flash_attention_op(name: str, spec: ModelSpec, b: int, s_q: int, s_kv: int) 
     * Cost: a batched GEMM (efficiency class of attention_score) over shape
       (b·a, s_q, s_kv, d), split by heads under tensor parallelism.
     * Selective recompute (Korthikanti et al. 2022 §5) re-runs the kernel and keeps Q, K, V.
+    * Context parallelism (`kv_local` < s_kv): ring attention streams the other ranks' K, V
+      chunks through the kernel; the rank keeps only its own `kv_local` positions for the
+      backward (the ring runs again there), so saved bytes count those.
     """
     B = spec.dtype_bytes
     a, d, k = spec.num_heads, int(spec.head_dim or 0), int(spec.num_kv_heads or 0)
     q_bytes = B * b * s_q * a * d
     kv_bytes = 2.0 * B * b * s_kv * k * d
+    kept_kv = kv_bytes if kv_local is None else 2.0 * B * b * kv_local * k * d
     o_bytes = B * b * s_q * a * d
     lse_bytes = LSE_BYTES * b * a * s_q
     fwd_flops = 4.0 * b * a * s_q * s_kv * d
@@ -88,8 +93,8 @@ def flash_attention_op(name: str, spec: ModelSpec, b: int, s_q: int, s_kv: int) 
         bwd_flops=FLASH_BACKWARD_FACTOR * fwd_flops,
         fwd_bytes=q_bytes + kv_bytes + o_bytes + lse_bytes,
         bwd_bytes=2.0 * (q_bytes + kv_bytes) + 2.0 * o_bytes + lse_bytes,
-        params=0, activation_bytes=q_bytes + kv_bytes + lse_bytes, output_bytes=o_bytes,
-        selective_recompute=True, selective_kept_bytes=q_bytes + kv_bytes,
+        params=0, activation_bytes=q_bytes + kept_kv + lse_bytes, output_bytes=o_bytes,
+        selective_recompute=True, selective_kept_bytes=q_bytes + kept_kv,
         shardings=heads_shardings(), shape=(b * a, s_q, s_kv, d),
     )
 
@@ -121,6 +126,9 @@ def attention_ops(prefix: str, spec: ModelSpec, b: int, s_q: int, s_kv: int | No
                   ) -> tuple[Op, ...]:
     """Self attention (`s_kv` None) or cross attention over `s_kv` encoder positions.
 
+    Under context parallelism (`spec.context_parallel` = c > 1) a rank's self attention runs
+    its s_q = seq/c queries against all c·s_q keys (fused kernel only; PlanError otherwise).
+
     The attention core (QKᵀ, softmax, softmax dropout, attention over V; or one fused
     `flash_attention_op` when `spec.attention` is "flash") is split by heads and flagged for
     selective recompute, which keeps its inputs Q, K, V (Korthikanti et al. 2022 §5).
@@ -147,12 +155,17 @@ def attention_ops(prefix: str, spec: ModelSpec, b: int, s_q: int, s_kv: int | No
         ops.append(elementwise_op(f"{prefix}.rotary", kind="elementwise", flops_key="rotary",
                                   elements=t_q * (h_q + h_kv), dtype_bytes=B,
                                   shardings=heads_shardings()))
+    ring = spec.context_parallel if not cross else 1
     if spec.attention == "flash":
-        ops.append(flash_attention_op(f"{prefix}.flash", spec, b, s_q, s_kv))
+        ops.append(flash_attention_op(f"{prefix}.flash", spec, b, s_q, s_kv * ring,
+                                      kv_local=s_kv if ring > 1 else None))
         ops.append(matmul_op(f"{prefix}.proj", m=t_q, n=h, k=h_q, dtype_bytes=B, bias=spec.bias,
                              shardings=row_shardings(B * t_q * h)))
         ops.append(residual_op(f"{prefix}.residual", spec, t_q))
         return tuple(ops)
+    if ring > 1:
+        raise ValueError("context parallelism needs the fused attention kernel (ring "
+                         "attention); this model runs eager attention")
     probs = b * a * s_q * s_kv
     qk_bytes = B * (t_q * h_q + t_kv * h_kv)
     score_flops = 2.0 * probs * d

@@ -29,7 +29,8 @@ from trainsim.errors import DataFileError
 from trainsim.workloads.model import ModelSpec
 
 EXTRA_KEYS = frozenset({"aliases", "source"})
-_SPEC_FIELDS = {f.name: f for f in fields(ModelSpec)}
+_SPEC_FIELDS = {f.name: f for f in fields(ModelSpec) if f.name != "context_parallel"}
+"""Fields a model file may set (context parallelism is a plan degree, not a model property)."""
 T5_DEFAULT_POSITIONS = 512
 """T5 was pre-trained on 512-token inputs (Raffel et al. 2020 §3.1.2); configs rarely say."""
 T5_DEFAULT_BUCKETS = 32

@@ -220,3 +220,14 @@ def test_empty_sequence_parallel_takes_the_frameworks_default(framework: str, ce
     assert noted is (cell == "")
     single = pr.express(run_of(framework=framework, sequence_parallel=cell))  # tp = 1
     assert isinstance(single, pr.Expressed) and single.plan.sp is False
+
+
+def test_torchtitan_local_batch_is_split_over_the_pipeline() -> None:
+    piped = pr.express(run_of(framework="torchtitan", pp="2", dp="1", micro_batch="8",
+                              global_batch="8", zero="0"))
+    assert isinstance(piped, pr.Expressed), piped
+    assert (piped.plan.micro_batch_size, piped.plan.num_micro_batches) == (4, 2)
+    assert any("split into pp=2" in n for n in piped.assumptions)
+    stated = pr.express(run_of(framework="megatron", pp="2", dp="1", micro_batch="8",
+                               global_batch="8", zero="0"))
+    assert isinstance(stated, pr.Expressed) and stated.plan.micro_batch_size == 8

@@ -39,8 +39,10 @@ the order the cluster was written in.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import cast
 
 from trainsim.hwmodels.cluster import Cluster
 from trainsim.simulator.actions import Action
@@ -130,7 +132,29 @@ def lower(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
           options: LoweringOptions | None = None) -> Program:
     """Lower one training iteration of `model` on `cluster` under `plan` to a Program."""
     plan.check(model, cluster)
+    if plan.cp > 1:
+        return _context_parallel(model, cluster, plan, options or LoweringOptions())
     return _Lowering(model, cluster, plan, options or LoweringOptions()).build()
+
+
+def _context_parallel(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
+                      options: LoweringOptions) -> Program:
+    """A context-parallel plan lowers as dp·cp replicas that each run seq/cp tokens of every
+    sample, through a graph whose self attention reads the whole sequence's keys
+    (`ModelSpec.context_parallel`). Placement (cp between dp and tp, as torchtitan's device
+    mesh), the gradient reduction over dp·cp and ZeRO sharding over dp·cp follow from the
+    replicas; the program states the plan as given.
+
+    The ring's key/value exchange is not emitted: ring attention (torchtitan, Transformer
+    Engine) overlaps each step's transfer with the previous chunk's attention kernel, which at
+    the sequence lengths context parallelism is used for takes longer (assumed hidden).
+    """
+    seq = plan.seq_len or model.seq_len
+    inner = plan.replace(dp=plan.dp * plan.cp, cp=1, seq_len=seq // plan.cp,
+                         global_batch=cast(int, plan.global_batch) * plan.cp)
+    ring = dataclasses.replace(model, context_parallel=plan.cp)
+    inner.check(ring, cluster)
+    return _Lowering(ring, cluster, inner, options, stated=plan).build()
 
 
 _BlockKey = tuple[int, str, MbKey, float | None, int, str, int]
@@ -151,7 +175,9 @@ class _Lowering:
     """
 
     def __init__(self, model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
-                 options: LoweringOptions) -> None:
+                 options: LoweringOptions, stated: ParallelPlan | None = None) -> None:
+        self.stated = plan if stated is None else stated
+        """The plan as the user gave it (differs from `plan` under context parallelism)."""
         self.layout = layout = LoweringLayout(model, cluster, plan, options)
         self.plan, self.opt, self.fold = plan, options, layout.fold
         self.b = TaskTableBuilder()
@@ -533,9 +559,10 @@ class _Lowering:
                          for j, mb in enumerate(mbs))
         if layout.model.family == "wresnet":
             tokens = plan.global_batch
+        stated = self.stated
         info = ProgramInfo(
-            model=layout.model.name, plan=plan.to_dict(), global_batch=plan.global_batch,
-            seq_len=layout.micro_batches[0].seq_len, tokens_per_iteration=tokens,
+            model=layout.model.name, plan=stated.to_dict(), global_batch=stated.global_batch,
+            seq_len=layout.micro_batches[0].seq_len * stated.cp, tokens_per_iteration=tokens,
             model_flops_per_iteration=model_flops, peak_flops_per_rank=tuple(peaks),
             gpu_names=tuple(gpu_names), folded=self.fold,
             price_per_hour_usd=float(cluster.price_per_hour_usd),
