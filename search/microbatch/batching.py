@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainsim.search.microbatch.costs import MicroBatchCosts, pad
-from trainsim.search.microbatch.dynapipe import split
+from trainsim.search.microbatch.dynapipe import splits
 from trainsim.workloads.plan import MicroBatch
 
 
@@ -138,18 +138,25 @@ def fixed(inputs: np.ndarray, targets: np.ndarray, *, micro_batch_size: int, dp:
 
 
 def dynapipe(costs: MicroBatchCosts, inputs: np.ndarray, targets: np.ndarray, *, dp: int,
-             memory_bytes: float, exact: bool) -> Batching | None:
-    """DynaPipe's split (dynapipe.py); None when a sample does not fit alone."""
-    found = split(costs, inputs, targets if np.any(targets) else None, dp=dp,
-                  memory_bytes=memory_bytes, exact=exact)
-    if found is None:
-        return None
-    reps = [[list(mb) for mb in rep] for rep in found.replicas]
-    replicas, padded = _padded(inputs, targets, reps)
-    return Batching(replicas=replicas, real_tokens=_tokens(inputs, targets),
-                    padded_tokens=padded,
-                    note=f"t_max {found.t_max * 1e3:.1f} ms, "
-                         f"{sum(len(r) for r in replicas)} micro-batches")
+             memory_bytes: float, modes: tuple[str, ...] = ("exact",)
+             ) -> list[Batching | None]:
+    """DynaPipe's split (dynapipe.py) for each t_max search of `modes` ("exact",
+    "thinned"); None where a sample does not fit alone."""
+    found = splits(costs, inputs, targets if np.any(targets) else None, dp=dp,
+                   memory_bytes=memory_bytes, modes=modes)
+    out: list[Batching | None] = []
+    for mode in modes:
+        one = found[mode]
+        if one is None:
+            out.append(None)
+            continue
+        reps = [[list(mb) for mb in rep] for rep in one.replicas]
+        replicas, padded = _padded(inputs, targets, reps)
+        out.append(Batching(replicas=replicas, real_tokens=_tokens(inputs, targets),
+                            padded_tokens=padded,
+                            note=f"{mode} t_max {one.t_max * 1e3:.1f} ms, "
+                                 f"{sum(len(r) for r in replicas)} micro-batches"))
+    return out
 
 
 __all__ = ["Batching", "dynapipe", "fixed", "packing", "token_budget"]

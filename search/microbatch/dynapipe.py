@@ -127,13 +127,24 @@ def split(costs: MicroBatchCosts, inputs: np.ndarray, targets: np.ndarray | None
     segment costs. `exact=True` (ours): every distinct value from the smallest feasible
     bottleneck up, in ascending chunks, stopping once (stages - 1) t_max + (the least sum with
     no bound) / dp reaches the best score -- no larger t_max can score lower."""
+    mode = "exact" if exact else "thinned"
+    return splits(costs, inputs, targets, dp=dp, memory_bytes=memory_bytes, modes=(mode,),
+                  thin=thin)[mode]
+
+
+def splits(costs: MicroBatchCosts, inputs: np.ndarray, targets: np.ndarray | None, *, dp: int,
+           memory_bytes: float, modes: tuple[str, ...] = ("exact", "thinned"), thin: int = 32
+           ) -> dict[str, Split | None]:
+    """`split` for several t_max searches ("exact", "thinned") sharing one ordering and one
+    table of segment costs."""
+    none: dict[str, Split | None] = {m: None for m in modes}
     limit = memory_bytes / costs.pp  # stage 0 keeps up to pp micro-batches in flight (1F1B)
     alone = costs.kept(np.ones(len(inputs)), pad(inputs), None if targets is None
                        else pad(targets)) + costs.extra(np.ones(len(inputs)), pad(inputs),
                                                         None if targets is None
                                                         else pad(targets)) / max(costs.pp, 1)
     if np.any(alone > limit):  # some sample does not fit even alone: no split can
-        return None
+        return none
     order = order_samples(inputs, targets)
     x_in = inputs[order]
     x_t = targets[order] if targets is not None and np.any(targets) else None
@@ -142,33 +153,43 @@ def split(costs: MicroBatchCosts, inputs: np.ndarray, targets: np.ndarray | None
     n = len(x_in)
     values = np.unique(time[np.isfinite(time)])
     if len(values) == 0 or not np.all(np.isfinite(np.diag(time, 1))):
-        return None
+        return none
     weight = max(costs.pp - 1, 0)
     least = float(_dp_all(time, np.array([np.inf]), n)[0, n])
-    if not exact:
-        picked = values if len(values) <= thin else \
-            values[np.linspace(0, len(values) - 1, thin).round().astype(int)]
-        best = _dp_all(time, picked, n)[:, n]
-        scores = weight * picked + best / dp
-        k = int(np.argmin(np.where(np.isfinite(best), scores, np.inf)))
-        bound, score = float(picked[k]), float(scores[k])
-    else:
-        bound, score = np.inf, least / dp if weight == 0 else np.inf
-        start = int(np.searchsorted(values, _least_max(time, n)))
-        for first in range(start, len(values), CHUNK):
-            chunk = values[first:first + CHUNK]
-            if weight and weight * chunk[0] + least / dp >= score:
-                break
-            best = _dp_all(time, chunk, n)[:, n]
-            scores = weight * chunk + best / dp
+    out = dict(none)
+    for mode in modes:
+        if mode == "thinned":
+            picked = values if len(values) <= thin else \
+                values[np.linspace(0, len(values) - 1, thin).round().astype(int)]
+            best = _dp_all(time, picked, n)[:, n]
+            scores = weight * picked + best / dp
             k = int(np.argmin(np.where(np.isfinite(best), scores, np.inf)))
-            if np.isfinite(best[k]) and scores[k] < score:
-                bound, score = float(chunk[k]), float(scores[k])
-            if weight == 0:
-                break
-    if not np.isfinite(score):
-        return None
-    segments = _at_least(_segments(time, bound, n), dp)
+            bound, score = float(picked[k]), float(scores[k])
+        else:
+            bound, score = np.inf, least / dp if weight == 0 else np.inf
+            start = int(np.searchsorted(values, _least_max(time, n)))
+            for first in range(start, len(values), CHUNK):
+                chunk = values[first:first + CHUNK]
+                if weight and weight * chunk[0] + least / dp >= score:
+                    break
+                best = _dp_all(time, chunk, n)[:, n]
+                scores = weight * chunk + best / dp
+                k = int(np.argmin(np.where(np.isfinite(best), scores, np.inf)))
+                if np.isfinite(best[k]) and scores[k] < score:
+                    bound, score = float(chunk[k]), float(scores[k])
+                if weight == 0:
+                    break
+        if np.isfinite(score):
+            out[mode] = _assign(costs, order, x_in, x_t, _segments(time, bound, n), dp,
+                                bound, weight)
+    return out
+
+
+def _assign(costs: MicroBatchCosts, order: np.ndarray, x_in: np.ndarray,
+            x_t: np.ndarray | None, segments: list[tuple[int, int]], dp: int, bound: float,
+            weight: int) -> Split:
+    """Segments (at least one per replica) balanced over the replicas by Karmarkar–Karp."""
+    segments = _at_least(segments, dp)
     seg_cost = [float(costs.time(b - a, pad(x_in[a:b].max()),
                                  None if x_t is None else pad(x_t[a:b].max())))
                 for a, b in segments]
@@ -258,4 +279,4 @@ def karmarkar_karp(costs: Sequence[float], parts: int) -> list[list[int]]:
     return [sorted(members) for _, members in final]
 
 
-__all__ = ["Split", "karmarkar_karp", "order_samples", "segment_tables", "split"]
+__all__ = ["Split", "karmarkar_karp", "order_samples", "segment_tables", "split", "splits"]
