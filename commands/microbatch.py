@@ -84,8 +84,10 @@ def microbatch_command(
         if not 1 <= value <= 65_536:
             raise typer.BadParameter("must be 1 to 65536", param_hint=name)
     for name, limit in (("--max-len", max_len), ("--max-target-len", max_target_len)):
-        if limit is not None and not 8 <= limit <= 1_048_576:
-            raise typer.BadParameter("must be 8 to 1048576", param_hint=name)
+        if limit is not None and not 16 <= limit <= 1_048_576:
+            raise typer.BadParameter("must be 16 to 1048576", param_hint=name)
+    if not 0 <= seed <= 2**32 - 1:
+        raise typer.BadParameter("must be 0 to 4294967295", param_hint="--seed")
     if packing_attention not in ("eager", "flash"):
         raise typer.BadParameter("must be eager or flash", param_hint="--packing-attention")
     check_new_file(out, force, "page")
@@ -135,15 +137,16 @@ def _rows(results: list[MethodResult]) -> list[dict[str, object]]:
     for r in results:
         if not r.iterations:
             rows.append({"method": r.method, "real tokens/s": None, "vs packing": None,
-                         "padding eff.": None, "peak GiB": None, "recompute": None,
-                         "schedule": None, "plan ms (median)": None, "micro-batches": None,
-                         "error": r.error})
+                         "padding eff.": None, "peak GiB": None, "OOM iterations": None,
+                         "recompute": None, "schedule": None, "plan ms (median)": None,
+                         "micro-batches": None, "error": r.error})
             continue
         rows.append({
             "method": r.method, "real tokens/s": round(r.tokens_per_s),
             "vs packing": None if base is None else round(r.tokens_per_s / base, 3),
             "padding eff.": round(r.padding_efficiency, 3),
             "peak GiB": round(r.peak_bytes / 2**30, 2),
+            "OOM iterations": sum(not i.fits for i in r.iterations),
             "recompute": ",".join(f"{k}x{v}" for k, v in r.counts("recompute").items()),
             "schedule": ",".join(f"{k}x{v}" for k, v in r.counts("schedule").items()),
             "plan ms (median)": round(r.planning_ms, 2),

@@ -377,10 +377,17 @@ class ParallelPlan:
                                 f"plan.{name}")
         if self.op_tp:
             raise PlanError("plan.replica_micro_batches cannot be combined with plan.op_tp")
-        if len({len(ms) for ms in lists}) > 1 and (self.zero >= 3 or self.ep > 1):
-            raise PlanError("plan.replica_micro_batches gives replicas different micro-batch "
-                            "counts, which zero=3 weight gathers and expert all-to-alls (run "
-                            "in lockstep per micro-batch) cannot follow; use equal counts")
+        if len(set(lists)) > 1 and (self.zero >= 3 or self.ep > 1):
+            raise PlanError("plan.replica_micro_batches gives replicas different micro-batches, "
+                            "which zero=3 weight gathers and expert all-to-alls (run in "
+                            "lockstep per micro-batch) cannot follow; use zero <= 2 and ep=1, "
+                            "or the same list on every replica")
+        if self.schedule == "interleaved" and self.virtual_stages > 1:
+            for d, ms in enumerate(lists):
+                if len(ms) % self.pp:
+                    raise PlanError(f"plan.schedule='interleaved' needs every replica's micro-"
+                                    f"batch count divisible by pp={self.pp}, but plan."
+                                    f"replica_micro_batches[{d}] has {len(ms)}")
         total = sum(m.batch_size for ms in lists for m in ms)
         if self.global_batch is not None and self.global_batch != total:
             raise PlanError(f"plan.global_batch={self.global_batch} but plan."
@@ -655,6 +662,11 @@ class ParallelPlan:
                                 f"(valid: {_divisors(experts)})")
             if (self.dp * self.tp) % self.ep:
                 raise PlanError(f"plan.ep={self.ep} must divide dp×tp={self.dp * self.tp}")
+        if getattr(model, "family", None) != "t5" and any(
+                m.target_len for ms in (self.replica_micro_batches or (self.micro_batches or (),))
+                for m in ms):
+            raise PlanError("plan micro-batches set target_len, which only an encoder-decoder "
+                            "model (t5) has")
         if self.cp > 1:
             family = getattr(model, "family", None)
             if family not in ("gpt", "llama", "moe"):

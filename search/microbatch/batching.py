@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainsim.errors import SpecError
 from trainsim.search.microbatch.costs import MicroBatchCosts, pad
 from trainsim.search.microbatch.dynapipe import splits
 from trainsim.workloads.plan import MicroBatch
@@ -74,6 +75,9 @@ def packing(inputs: np.ndarray, targets: np.ndarray, *, max_len: int, max_target
             used_in, used_t = used_in + int(i), used_t + int(t)
     else:
         rows = int(-(-int(inputs.sum()) // max_len))
+    if rows < dp:
+        raise SpecError(f"packing: the batch fills {rows} rows of {max_len} tokens but dp={dp} "
+                        f"replicas each need one; raise --tokens-per-batch or lower --dp")
     per = _even(list(range(rows)), dp)
     replicas = []
     for share in per:

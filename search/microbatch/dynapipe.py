@@ -194,6 +194,10 @@ def _assign(costs: MicroBatchCosts, order: np.ndarray, x_in: np.ndarray,
                                  None if x_t is None else pad(x_t[a:b].max())))
                 for a, b in segments]
     groups = karmarkar_karp(seg_cost, dp)
+    for part in groups:  # every replica needs a micro-batch: take the cheapest from the fullest
+        if not part:
+            donor = max(groups, key=len)
+            part.append(donor.pop(min(range(len(donor)), key=lambda i: seg_cost[donor[i]])))
     replicas = tuple(tuple(tuple(int(order[s]) for s in range(*segments[g]))
                            for g in sorted(members)) for members in groups)
     est = weight * max(seg_cost) + max(sum(seg_cost[g] for g in m) for m in groups)

@@ -43,6 +43,8 @@ from trainsim.workloads.lengths import LengthDataset, Sample
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.plan import ParallelPlan
 
+MAX_SAMPLES = 1024
+"""Samples per batch the dynamic programs accept (their segment tables are n x n)."""
 METHODS = ("packing", "token-budget", "fixed", "dynapipe", "ours-1f1b", "ours")
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = {"packing": ("1f1b",), "token-budget": ("1f1b",), "fixed": ("1f1b",),
@@ -162,6 +164,8 @@ class MicroBatchPlanner:
         c = self.costs(recompute, packed)
         worst = 0.0
         for ms in b.replicas:
+            if not ms:
+                continue
             shapes = np.array([(m.batch_size, m.seq_len, m.target_len) for m in ms], float)
             t = c.time(shapes[:, 0], shapes[:, 1],
                        shapes[:, 2] if c.encoder_decoder else None)
@@ -214,6 +218,18 @@ class MicroBatchPlanner:
         """Form, check and replay one global batch with `method`."""
         inputs = np.array([s.input_len for s in batch], dtype=float)
         targets = np.array([s.target_len for s in batch], dtype=float)
+        if len(batch) < self.dp:
+            raise SpecError(f"a batch holds {len(batch)} samples but dp={self.dp} replicas each "
+                            f"need one; raise --tokens-per-batch or lower --dp")
+        if len(batch) > MAX_SAMPLES and method in ("dynapipe", "ours", "ours-1f1b"):
+            raise SpecError(f"a batch holds {len(batch)} samples; the dynamic programs take at "
+                            f"most {MAX_SAMPLES} per batch (their tables grow with the square); "
+                            f"lower --tokens-per-batch")
+        if self.activation_budget("full") <= 0:
+            raise SpecError(f"the model states alone take "
+                            f"{self.costs('full').static_bytes / 2**30:.1f} GiB of the "
+                            f"{self.capacity / 2**30:.1f} GiB per GPU (dp={self.dp} tp={self.tp} "
+                            f"pp={self.pp}); use more tensor or pipeline stages")
         options, rc, planning = self.form(method, inputs, targets)
         if not options:
             raise SpecError(f"{method}: a single sample of this batch does not fit in "

@@ -217,3 +217,25 @@ def test_cli_bad_input_is_one_line(extra: list[str], files: dict[str, str], word
     assert code == 2, err
     line, = err.strip().splitlines()
     assert word in line
+
+
+def test_lockstep_features_refuse_differing_replica_lists() -> None:
+    from trainsim.errors import PlanError
+
+    cluster = parse_cluster("4xA100-SXM4-40GB")
+    a = [{"batch_size": 2, "seq_len": 128}]
+    b = [{"batch_size": 2, "seq_len": 256}]
+    with pytest.raises(PlanError, match="lockstep"):
+        ParallelPlan.build(GPT, cluster, dp=2, pp=2, zero=3, replica_micro_batches=[a, b])
+    ParallelPlan.build(GPT, cluster, dp=2, pp=2, zero=3, replica_micro_batches=[a, a])
+    with pytest.raises(PlanError, match="target_len"):
+        ParallelPlan.build(GPT, cluster, dp=4, micro_batches=[
+            {"batch_size": 1, "seq_len": 64, "target_len": 9}])
+
+
+def test_a_batch_smaller_than_dp_is_an_error_row_not_a_crash() -> None:
+    planner = MicroBatchPlanner(GPT, parse_cluster("8xA100-SXM4-40GB"), dp=4, pp=2,
+                                max_len=1024)
+    for method in ("packing", "fixed", "ours"):
+        result = planner.run(method, [[Sample(100, 0)] * 2])
+        assert result.error is not None and "dp=4" in result.error

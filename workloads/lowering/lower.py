@@ -545,8 +545,7 @@ class _Lowering:
             every = [mb for ms in layout.replica_lists for mb in ms]
             model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
                               for mb in every)
-            tokens: int | None = sum(mb.batch_size * (mb.seq_len + mb.target_len)
-                                     for mb in every)
+            tokens: int | None = sum(mb.batch_size * mb.seq_len for mb in every)
         elif plan.dp_batch_split is None:
             model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
                               for mb in mbs) * plan.dp
