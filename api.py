@@ -31,12 +31,14 @@ from trainsim.search.energy.outputs import PLAN_FILES
 from trainsim.search.exports import search_output_files
 from trainsim.search.hetero.objectives import with_prices
 from trainsim.search.hetero.pareto import ParetoPoint
-from trainsim.search.hetero.sweep import compositions, parse_range, sweep
+from trainsim.search.hetero.sweep import compositions, parse_range
+from trainsim.search.hetero.sweep import sweep as sweep_compositions
 from trainsim.search.methods import get_planner
 from trainsim.search.microbatch.planner import METHODS as MICROBATCH_METHODS
 from trainsim.search.microbatch.planner import MethodResult, MicroBatchPlanner
 from trainsim.search.oracle import Oracle
 from trainsim.search.planner import SearchRecord, SearchResult, SearchSpec, run_search
+from trainsim.search.sweep import SweepRun, load_spec, run_sweep, write_report
 from trainsim.simulator.engines import ENGINES, check_engine, run_program
 from trainsim.simulator.result import SimResult
 from trainsim.validate.compare import Comparison, compare
@@ -99,6 +101,8 @@ __all__ = [
     "search_files",
     "search_options",
     "simulate",
+    "sweep",
+    "sweep_report",
     "validate",
 ]
 
@@ -463,8 +467,34 @@ def pareto(model: str | ModelSpec, gpus: Sequence[str], *, global_batch: int,
     for name in prices or {}:
         if name not in swept:
             raise SpecError(str(unknown_name("GPU in prices", name, sorted(swept))))
-    return sweep(spec, specs, global_batch, prices=prices, workers=workers,
-                 time_budget_s=time_budget_s, on_done=on_done)
+    return sweep_compositions(spec, specs, global_batch, prices=prices, workers=workers,
+                              time_budget_s=time_budget_s, on_done=on_done)
+
+
+def sweep(spec: str | Path | Mapping[str, Any], out: str | Path, *, executor: str = "local",
+          address: str | None = None, workers: int | None = None, force: bool = False,
+          limit: int | None = None,
+          on_progress: Callable[[int, int], None] | None = None) -> SweepRun:
+    """Run a what-if sweep (`sim sweep`): every scenario of `spec` — a YAML file, the
+    built-in name "example", or the spec as a mapping (search/sweep/spec.py has the schema) —
+    missing from the Parquet table at `out`, then write the table (one row per scenario,
+    failed ones with `error` set). An existing table is resumed; `force` starts over.
+
+    Args:
+        executor: "local" (worker processes) or "ray" (`pip install 'trainsim[ray]'`).
+        address: With "ray": "auto", "HOST:PORT" of a Ray head, or None for a local instance.
+        workers: Worker processes (or a local Ray instance's CPUs); the CPU count when None.
+        limit: Run at most this many missing scenarios, then stop.
+        on_progress: Called as (rows in the table, scenarios) after each batch.
+    """
+    return run_sweep(load_spec(spec), out, executor=executor, address=address,
+                     workers=workers, force=force, limit=limit, on_progress=on_progress)
+
+
+def sweep_report(table: str | Path, out: str | Path) -> Path:
+    """Write the plotly dashboard of a sweep table (`sim sweep report`) to `out`: throughput,
+    $ and energy per token against each knob, each model's Pareto points marked."""
+    return write_report(table, out)
 
 
 def length_dataset(*, lengths: str | Path | None = None, column: str | None = None,
@@ -506,6 +536,9 @@ def microbatch(model: str | ModelSpec, cluster: str | Cluster, dataset: LengthDa
     length) are clipped (`on_long="truncate"`) or refused ("reject"). A decoder-only model
     reads an (input, target) pair as one sequence of both lengths, as instruction tuning does."""
     spec, hw = load_model(model), load_cluster(cluster)
+    if spec.family not in ("gpt", "llama", "moe", "t5", "bert"):
+        raise SpecError(f"sim microbatch models sequences; {spec.name} is a {spec.family} "
+                        f"model (images)")
     enc_dec = spec.family == "t5"
     limit = max_len or int(spec.max_position_embeddings or spec.seq_len)
     target_limit = (max_target_len or int(spec.decoder_seq_len)) if enc_dec else 0

@@ -23,6 +23,7 @@ from trainsim.commands.output import EXIT_BAD_INPUT, error_line, one_line
 from trainsim.commands.pareto import pareto_command
 from trainsim.commands.search import search_command
 from trainsim.commands.simulate import simulate_command
+from trainsim.commands.sweep import app as sweep_app
 from trainsim.commands.validate import register as register_validation
 from trainsim.errors import TrainsimError
 
@@ -41,6 +42,7 @@ app.command("simulate")(simulate_command)
 app.add_typer(energy_app, name="energy")
 app.command("search")(search_command)
 app.command("pareto")(pareto_command)
+app.add_typer(sweep_app, name="sweep")
 app.command("microbatch")(microbatch_command)
 app.add_typer(calibrate_app, name="calibrate")
 register_validation(app)
