@@ -12,7 +12,9 @@ through-dynamic-pipelines), on trainsim's cost model.
    t_max values (`thin`); ours tries every distinct segment cost (exact), the DP running for all
    candidates at once.
 3. **Assign** segments to data-parallel replicas by Karmarkar–Karp (largest differencing),
-   balancing each replica's summed cost.
+   balancing each replica's summed cost. Every replica needs a segment: when the optimum has
+   fewer segments than replicas, the exact search reruns with the segment count in the DP
+   state (at least dp); the thinned one halves its largest segments.
 4. **Recompute fallback:** none, then selective, then full: the first under which every sample
    fits a micro-batch of its own.
 """
@@ -179,10 +181,60 @@ def splits(costs: MicroBatchCosts, inputs: np.ndarray, targets: np.ndarray | Non
                     bound, score = float(chunk[k]), float(scores[k])
                 if weight == 0:
                     break
-        if np.isfinite(score):
-            out[mode] = _assign(costs, order, x_in, x_t, _segments(time, bound, n), dp,
-                                bound, weight)
+        if not np.isfinite(score):
+            continue
+        segments = _segments(time, bound, n)
+        if mode == "exact" and len(segments) < dp <= n:  # every replica needs a segment
+            bound, segments = _exact_with_count(time, values, n, dp, weight)
+        out[mode] = _assign(costs, order, x_in, x_t, segments, dp, bound, weight)
     return out
+
+
+def _exact_with_count(time: np.ndarray, values: np.ndarray, n: int, parts: int, weight: int
+                      ) -> tuple[float, list[tuple[int, int]]]:
+    """The exact search restricted to splits of at least `parts` segments (so that every
+    replica gets one), for when the unrestricted optimum has fewer: the same ascending scan
+    over bottlenecks, with the segment count in the DP state."""
+    least, _ = _dp_count(time, np.inf, n, parts)
+    best_score, best = np.inf, (np.inf, [(i, i + 1) for i in range(n)])
+    for bound in (values if weight else values[-1:]):
+        if weight and weight * bound + least / parts >= best_score:
+            break
+        total, segments = _dp_count(time, float(bound), n, parts)
+        score = weight * bound + total / parts
+        if np.isfinite(total) and score < best_score:
+            best_score, best = score, (float(bound), segments)
+    return best
+
+
+def _dp_count(time: np.ndarray, bound: float, n: int, parts: int
+              ) -> tuple[float, list[tuple[int, int]]]:
+    """(least summed cost of splitting [0, n) into at least `parts` segments each at most
+    `bound`, its segments); state c = segments so far, capped at `parts`."""
+    best = np.full((n + 1, parts + 1), np.inf)
+    best[0, 0] = 0.0
+    arg = np.zeros((n + 1, parts + 1, 2), dtype=int)
+    for j in range(1, n + 1):
+        col = np.where(time[:j, j] <= bound, time[:j, j], np.inf)
+        for c in range(1, parts + 1):
+            prev = best[:j, c - 1]
+            src = np.full(j, c - 1)
+            if c == parts:  # "at least parts": also extend splits that already have them
+                more = best[:j, parts] < prev
+                prev = np.where(more, best[:j, parts], prev)
+                src = np.where(more, parts, src)
+            cand = prev + col
+            i = int(np.argmin(cand))
+            best[j, c] = cand[i]
+            arg[j, c] = (i, src[i])
+    if not np.isfinite(best[n, parts]):
+        return np.inf, []
+    out, j, c = [], n, parts
+    while j > 0:
+        i, pc = arg[j, c]
+        out.append((int(i), j))
+        j, c = int(i), int(pc)
+    return float(best[n, parts]), out[::-1]
 
 
 def _assign(costs: MicroBatchCosts, order: np.ndarray, x_in: np.ndarray,

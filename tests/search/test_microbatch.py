@@ -239,3 +239,24 @@ def test_a_batch_smaller_than_dp_is_an_error_row_not_a_crash() -> None:
     for method in ("packing", "fixed", "ours"):
         result = planner.run(method, [[Sample(100, 0)] * 2])
         assert result.error is not None and "dp=4" in result.error
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_search_with_few_samples_per_replica(seed: int, gpt_costs: MicroBatchCosts
+                                                   ) -> None:
+    """With barely more samples than replicas, the optimum over splits that give every replica
+    a micro-batch (at least dp segments) -- not a halved unrestricted optimum."""
+    rng = np.random.default_rng(100 + seed)
+    dp = int(rng.integers(2, 4))
+    inputs = _lengths(seed + 50, dp + int(rng.integers(0, 3)), 1024)
+    x = inputs[order_samples(inputs)]
+    n = len(x)
+    best = min(
+        _objective(gpt_costs, x, list(zip((0, *cuts), (*cuts, n))), dp)
+        for k in range(dp - 1, n) for cuts in itertools.combinations(range(1, n), k))
+    found = split(gpt_costs, inputs, None, dp=dp, memory_bytes=1e12, exact=True)
+    assert found is not None and all(found.replicas)
+    pos = {int(s): i for i, s in enumerate(order_samples(inputs))}
+    segments = sorted((min(pos[i] for i in mb), max(pos[i] for i in mb) + 1)
+                      for rep in found.replicas for mb in rep)
+    assert _objective(gpt_costs, x, segments, dp) == pytest.approx(best, rel=1e-9)
