@@ -10,16 +10,12 @@ bad CSV path or content is one line and exit code 2.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainsim import api
-from trainsim.commands.output import check_new_file, dumps, print_table, user_errors
+from trainsim.commands.output import check_new_file, counting_bar, dumps, print_table, user_errors
 from trainsim.simulator.own_files import mark_html
 from trainsim.validate.published_runs import (
     MEMORY,
@@ -35,21 +31,6 @@ from trainsim.validate.published_runs import (
 DIV_ID = "trainsim-accuracy"
 _TITLES = {THROUGHPUT: "tokens/s per GPU", MEMORY: "peak memory (GiB)"}
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
-
-
-@contextmanager
-def _progress() -> Iterator[Callable[[int, int, PublishedRun], None]]:
-    """A rich progress bar over the CSV's rows on stderr (silent when piped)."""
-    console = Console(stderr=True)
-    with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("rows {task.fields[row]}"), TimeElapsedColumn(), console=console,
-                  transient=True, disable=not console.is_terminal) as bar:
-        job = bar.add_task("rows", total=None, row="")
-
-        def tick(done: int, total: int, run: PublishedRun) -> None:
-            bar.update(job, total=total, completed=done, row=run.name)
-
-        yield tick
 
 
 def write_scatter_html(report: AccuracyReport, path: Path) -> None:
@@ -120,7 +101,11 @@ def accuracy_command(
     signed error per GPU generation, framework and source."""
     check_new_file(plot, force, "--plot")
     check_new_file(json_out, force, "--json")
-    with _progress() as tick:
+    with counting_bar("simulating rows") as bar:
+
+        def tick(done: int, total: int, run: PublishedRun) -> None:
+            bar(done, total, run.name)
+
         report = api.accuracy(csv_path, calibration=calibration, engine=engine, on_row=tick)
     print_report(report)
     write_scatter_html(report, plot)

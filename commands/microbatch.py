@@ -14,11 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainsim import api
-from trainsim.commands.output import check_new_file, dumps, print_table, user_errors
+from trainsim.commands.output import check_new_file, counting_bar, dumps, print_table, user_errors
 from trainsim.search.microbatch.planner import METHODS, MethodResult
 from trainsim.simulator.result import SimResult
 
@@ -94,14 +92,12 @@ def microbatch_command(
     dataset = api.length_dataset(lengths=lengths, column=column, target_column=target_column,
                                  synthetic=synthetic, text=text, tokenizer=tokenizer,
                                  samples=samples, seed=seed)
-    console = Console(stderr=True)
-    with Progress(TextColumn("{task.fields[method]}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True,
-                  disable=as_json or not console.is_terminal) as bar:
-        job = bar.add_task("replay", total=iterations * len(chosen), method="")
+    replayed = [0]
+    with counting_bar("replay", total=iterations * len(chosen), quiet=as_json) as bar:
 
         def tick(method: str, _k: int) -> None:
-            bar.update(job, advance=1, method=method)
+            replayed[0] += 1
+            bar(replayed[0], None, method)
 
         results, planner = api.microbatch(
             model, cluster, dataset, dp=dp, tp=tp, pp=pp, tokens_per_batch=tokens_per_batch,

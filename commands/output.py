@@ -11,12 +11,21 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from trainsim.errors import SpecError, TrainsimError
@@ -151,6 +160,28 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
     Console().print(table)
+
+
+@contextmanager
+def counting_bar(label: str, *, total: int | None = None, quiet: bool = False
+                 ) -> Iterator[Callable[[int, int | None, str], None]]:
+    """A rich progress bar on stderr for work counted in items (rows, scenarios,
+    compositions), silent when piped or `quiet`; yields `tick(done, total, note)`, `total`
+    None keeping the one given (or unknown), `note` shown after the count."""
+    console = Console(stderr=True)
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[note]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=console, transient=True,
+                  disable=quiet or not console.is_terminal) as bar:
+        job = bar.add_task(label, total=total, note="")
+
+        def tick(done: int, count: int | None = None, note: str = "") -> None:
+            if count is None:
+                bar.update(job, completed=done, note=note)
+            else:
+                bar.update(job, completed=done, total=count, note=note)
+
+        yield tick
 
 
 def stderr_console(quiet: bool = False) -> Console:

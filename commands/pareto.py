@@ -10,19 +10,18 @@ that no composition meets exits 1 with how close the best came.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainsim import api
-from trainsim.commands.output import check_out_dir, user_errors
+from trainsim.commands.output import check_out_dir, counting_bar, user_errors
 from trainsim.search.hetero.objectives import check_limits, limit_miss, parse_prices, run_totals
 from trainsim.search.hetero.pareto import ParetoPoint, format_table, write_html, write_table
 from trainsim.search.hetero.sweep import beats_halves, compositions, parse_range
 from trainsim.search.planner import check_global_batch
+from trainsim.search.sweep.executors import default_workers
 
 OUTPUT_FILES = ("pareto.csv", "pareto.html")
 MAX_WORKERS = 256
@@ -79,15 +78,13 @@ def pareto_command(
     if out is not None:  # made now, so a folder that cannot be made fails before the sweep
         out.mkdir(parents=True, exist_ok=True)
     spec = api.load_model(model)  # a bad model fails here, before the sweep
-    n_workers = workers if workers > 0 else max(1, os.cpu_count() or 1)
-    console = Console(stderr=True)
-    with Progress(TextColumn("pareto"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=console,
-                  transient=True, disable=not console.is_terminal) as bar:
-        job = bar.add_task("sweep", total=len(specs), last="")
+    n_workers = workers if workers > 0 else default_workers()
+    finished: list[ParetoPoint] = []
+    with counting_bar("pareto", total=len(specs)) as tick:
 
         def done(point: ParetoPoint) -> None:
-            bar.update(job, advance=1, last=point.composition)
+            finished.append(point)
+            tick(len(finished), None, point.composition)
 
         points = api.pareto(spec, ranges_text, global_batch=global_batch, prices=prices,
                             workers=n_workers, time_budget_s=time_budget_s, on_done=done)

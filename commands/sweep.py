@@ -19,19 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from typer.core import TyperGroup
 
 from trainsim import api
-from trainsim.commands.output import check_new_file, fail, user_errors
+from trainsim.commands.output import check_new_file, counting_bar, fail, user_errors
 
 EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), once the finished rows are saved."""
@@ -76,14 +67,10 @@ def run_command(spec: str = _SPEC, out: Path = _OUT, executor: str = _EXECUTOR,
                 limit: int | None = _LIMIT, force: bool = _FORCE) -> None:
     """Run every scenario of SPEC missing from the table, and write the table."""
     check_new_file(out, True, "--out", create_parents=False)
-    console = Console(stderr=True)
-    with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("scenarios"), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as bar:
-        job = bar.add_task("sweep", total=None)
+    with counting_bar("sweep") as bar:
 
         def tick(done: int, total: int) -> None:
-            bar.update(job, completed=done, total=total)
+            bar(done, total, "scenarios")
 
         run = api.sweep(spec, out, executor=executor, address=address, workers=workers,
                         force=force, limit=limit, on_progress=tick)

@@ -158,6 +158,20 @@ def run_cli(argv: list[str]) -> None:
         assert exc.code in (0, None), f"sim {' '.join(argv)} exited {exc.code}"
 
 
+@pytest.fixture
+def sim(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str]], tuple[int, str, str]]:
+    """`sim(argv)` runs `sim argv` in this process: (exit code, stdout, stderr)."""
+    from trainsim.cli import main  # here, not at the top: conftest loads for every test run
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        out = capsys.readouterr()
+        return int(info.value.code or 0), out.out, out.err
+
+    return run
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Expand ``@pytest.mark.shared_files(sub, pattern="*")`` into one ``shared_file`` case per
     matching file."""

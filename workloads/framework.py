@@ -18,13 +18,11 @@ import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 from trainsim.errors import DataFileError, SpecError, unknown_name
+from trainsim.workloads.data_files import read_data_yaml
 from trainsim.workloads.model import ATTENTION_KERNELS, ModelSpec
 
 _FILE = "data/frameworks.yaml"
@@ -126,12 +124,7 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
 
 @functools.cache
 def _profiles() -> dict[str, FrameworkProfile]:
-    text = resources.files("trainsim.workloads").joinpath(_FILE).read_text()
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise DataFileError(f"{_WHERE}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    return parse_profiles(data)
+    return parse_profiles(read_data_yaml(_FILE))
 
 
 def list_frameworks() -> list[str]:

@@ -26,15 +26,14 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import yaml
 
 from trainsim.errors import DataFileError, SpecError, unknown_name
+from trainsim.workloads.data_files import read_data_yaml
 
 MAX_TOKENS = 10_000_000
 """Largest believable token count of one sample; more is a unit mistake (bytes, characters)."""
@@ -518,12 +517,7 @@ def parse_mixtures(data: object, where: str = _WHERE) -> dict[str, LengthMixture
 
 @functools.cache
 def _mixtures() -> dict[str, LengthMixture]:
-    text = resources.files("trainsim.workloads").joinpath(_FILE).read_text()
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise DataFileError(f"{_WHERE}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    return parse_mixtures(data)
+    return parse_mixtures(read_data_yaml(_FILE))
 
 
 def list_mixtures() -> list[str]:

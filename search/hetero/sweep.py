@@ -16,7 +16,6 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +27,7 @@ from trainsim.search.hetero.pareto import ParetoPoint
 from trainsim.search.hetero.planner import HeteroPlanner
 from trainsim.search.oracle import Oracle
 from trainsim.search.planner import SearchSpec, run_search
+from trainsim.search.sweep.executors import LocalExecutor
 from trainsim.workloads.model import ModelSpec
 
 _RANGE = re.compile(r"^(?P<gpu>[^:]+):(?P<lo>\d+)(?:\.\.(?P<hi>\d+))?x(?P<per>\d+)$")
@@ -127,22 +127,16 @@ def sweep(model: ModelSpec, specs: Sequence[str], global_batch: int, *,
           prices: Mapping[str, float] | None = None, workers: int = 2,
           planner: Mapping[str, Any] | None = None, time_budget_s: float = 30.0,
           on_done: Callable[[ParetoPoint], None] | None = None) -> list[ParetoPoint]:
-    """Plan every composition in `specs` (worker processes when workers > 1)."""
+    """Plan every composition in `specs` (worker processes when workers > 1: the sweep's
+    LocalExecutor), returned in the order of `specs`."""
     settings = dict(SWEEP_PLANNER if planner is None else planner)
     jobs = [(model, s, global_batch, dict(prices or {}), settings, time_budget_s)
             for s in specs]
     results: dict[str, ParetoPoint] = {}
-    if workers <= 1 or len(jobs) == 1:
-        for job in jobs:
-            results[job[1]] = point = _job(job)
-            if on_done is not None:
-                on_done(point)
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for point in pool.map(_job, jobs):
-                results[point.composition] = point
-                if on_done is not None:
-                    on_done(point)
+    for point in LocalExecutor(workers).run(_job, jobs):  # finishing in any order
+        results[point.composition] = point
+        if on_done is not None:
+            on_done(point)
     return [results[s] for s in specs]
 
 

@@ -4,25 +4,22 @@ money limits and one-line errors."""
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from trainsim.cli import main
+Sim = Callable[[list[str]], tuple[int, str, str]]
+"""The `sim` fixture (conftest.py): run `sim argv`, get (exit code, stdout, stderr)."""
 
 SWEEP = ["pareto", "--model", "gpt3-125m", "--gpus", "A100-SXM4-40GB:0..1x4", "A10:0..1x4",
          "--global-batch", "16", "--workers", "1"]
 
 
-def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(args)
-    out = capsys.readouterr()
-    return int(info.value.code or 0), out.out, out.err
 
 
-def test_pareto_writes_the_front(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run([*SWEEP, "--out", str(tmp_path), "--tokens", "1e9"], capsys)
+def test_pareto_writes_the_front(tmp_path: Path, sim: Sim) -> None:
+    code, out, err = sim([*SWEEP, "--out", str(tmp_path), "--tokens", "1e9"])
     assert code == 0, err
     rows = list(csv.DictReader((tmp_path / "pareto.csv").open()))
     assert [r["composition"] for r in rows] == [
@@ -33,15 +30,15 @@ def test_pareto_writes_the_front(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "node" not in mixed["error"] and mixed["plan"]
     assert (tmp_path / "pareto.html").read_text().count("<html") == 1
     assert "cheapest:" in out and "tokens in" in out
-    code, _, err = _run([*SWEEP, "--out", str(tmp_path)], capsys)  # rerun: the CSV is ours
+    code, _, err = sim([*SWEEP, "--out", str(tmp_path)])  # rerun: the CSV is ours
     assert code == 2 and "--force" in err  # ... but it carries no marker, so --force it
-    code, _, err = _run([*SWEEP, "--out", str(tmp_path), "--force"], capsys)
+    code, _, err = sim([*SWEEP, "--out", str(tmp_path), "--force"])
     assert code == 0, err
 
 
-def test_pareto_deadline_nobody_meets_says_how_close(capsys: pytest.CaptureFixture[str]
+def test_pareto_deadline_nobody_meets_says_how_close(sim: Sim
                                                      ) -> None:
-    code, _, err = _run([*SWEEP, "--tokens", "1e12", "--deadline-days", "0.001"], capsys)
+    code, _, err = sim([*SWEEP, "--tokens", "1e12", "--deadline-days", "0.001"])
     assert code == 1
     line, = err.strip().splitlines()
     assert "no composition meets" in line and "x the deadline" in line
@@ -58,35 +55,34 @@ def test_pareto_deadline_nobody_meets_says_how_close(capsys: pytest.CaptureFixtu
     (["--gpus", "A10:0..2x4", "--global-batch", "1000000000000"], "global-batch"),
 ])
 def test_pareto_bad_input_is_one_line(args: list[str], word: str,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+                                      sim: Sim) -> None:
     base = ["pareto", "--model", "gpt3-125m", "--global-batch", "16"]
     if "--global-batch" in args:
         base = base[:-2]
-    code, _, err = _run([*base, *args], capsys)
+    code, _, err = sim([*base, *args])
     assert code == 2
     line, = err.strip().splitlines()
     assert word in line
 
 
-def test_search_hetero_prices_and_budget(capsys: pytest.CaptureFixture[str]) -> None:
+def test_search_hetero_prices_and_budget(sim: Sim) -> None:
     base = ["search", "--method", "hetero", "--model", "gpt3-125m", "--cluster",
             "1x4xA100-SXM4-40GB+1x4xA10", "--global-batch", "16", "--tokens", "1e9"]
-    code, out, err = _run(base, capsys)
+    code, out, err = sim(base)
     assert code == 0, err
     assert "node order" in out and "tokens in" in out
     dollars = float(out.split(" for $")[1].split()[0].replace(",", ""))
-    code, out, _ = _run([*base, "--price", "A10=0", "--price", "A100-SXM4-40GB=0"], capsys)
+    code, out, _ = sim([*base, "--price", "A10=0", "--price", "A100-SXM4-40GB=0"])
     assert code == 0 and " for $0" in out
-    code, _, err = _run([*base, "--budget-usd", f"{dollars / 2:.2f}"], capsys)
+    code, _, err = sim([*base, "--budget-usd", f"{dollars / 2:.2f}"])
     assert code == 1
     line, = err.strip().splitlines()
     assert "no plan meets" in line and "x the budget" in line
 
 
 @pytest.mark.parametrize("method", ["fasop", "uniform"])
-def test_search_baselines_run(method: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(["search", "--method", method, "--model", "gpt3-125m", "--cluster",
-                           "1x4xA100-SXM4-40GB+1x4xA10", "--global-batch", "16", "--top", "1"],
-                          capsys)
+def test_search_baselines_run(method: str, sim: Sim) -> None:
+    code, out, err = sim(["search", "--method", method, "--model", "gpt3-125m", "--cluster",
+                           "1x4xA100-SXM4-40GB+1x4xA10", "--global-batch", "16", "--top", "1"])
     assert code == 0, err
     assert method in out

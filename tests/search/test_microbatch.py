@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainsim.cli import main
 from trainsim.hwmodels.cluster import parse_cluster
 from trainsim.hwmodels.gpus import get_gpu
 from trainsim.search.microbatch.costs import MicroBatchCosts, pad
@@ -30,6 +30,9 @@ from trainsim.workloads.lengths import Sample
 from trainsim.workloads.lowering import LoweringOptions, lower
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.zoo import get_model
+
+Sim = Callable[[list[str]], tuple[int, str, str]]
+"""The `sim` fixture (conftest.py): run `sim argv`, get (exit code, stdout, stderr)."""
 
 GPT = get_model("gpt3-125m")
 T5 = get_model("t5-770m")
@@ -178,17 +181,12 @@ BASE = ["microbatch", "--model", "gpt3-125m", "--cluster", "4xA100-SXM4-40GB", "
         "--pp", "2", "--tokens-per-batch", "16384", "--iterations", "2", "--max-len", "1024"]
 
 
-def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(args)
-    out = capsys.readouterr()
-    return int(info.value.code or 0), out.out, out.err
 
 
 def test_cli_compares_methods_and_writes_the_page(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+                                                  sim: Sim) -> None:
     page = tmp_path / "mb.html"
-    code, out, err = _run([*BASE, "--synthetic", "flan", "--out", str(page)], capsys)
+    code, out, err = sim([*BASE, "--synthetic", "flan", "--out", str(page)])
     assert code == 0, err
     for method in ("packing", "dynapipe", "ours"):
         assert method in out
@@ -207,13 +205,13 @@ def test_cli_compares_methods_and_writes_the_page(tmp_path: Path,
     (["--synthetic", "flan", "--iterations", "0"], {}, "--iterations"),
 ])
 def test_cli_bad_input_is_one_line(extra: list[str], files: dict[str, str], word: str,
-                                   tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+                                   tmp_path: Path, sim: Sim) -> None:
     paths = {}
     for name, text in files.items():
         paths[name] = tmp_path / f"{name}.txt"
         paths[name].write_text(text)
     args = [a.format(**{k: str(v) for k, v in paths.items()}) for a in extra]
-    code, _, err = _run([*BASE, *args], capsys)
+    code, _, err = sim([*BASE, *args])
     assert code == 2, err
     line, = err.strip().splitlines()
     assert word in line

@@ -13,13 +13,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from trainsim.cli import main
 from trainsim.errors import SpecError, TrainsimError
 from trainsim.search.sweep import (
     EXAMPLE_NAME,
@@ -34,6 +34,9 @@ from trainsim.search.sweep import (
 from trainsim.search.sweep import runner as runner_module
 from trainsim.search.sweep import spec as spec_module
 from trainsim.search.sweep.report import DIV_ID, pareto_flags
+
+Sim = Callable[[list[str]], tuple[int, str, str]]
+"""The `sim` fixture (conftest.py): run `sim argv`, get (exit code, stdout, stderr)."""
 
 pq = pytest.importorskip("pyarrow.parquet")
 
@@ -241,6 +244,7 @@ def test_one_run_at_a_time_per_table(tmp_path: Path) -> None:
 _KILLED_RUN = """
 import sys, time
 from trainsim.search.sweep import load_spec, run_sweep
+
 run_sweep(load_spec(sys.argv[1]), sys.argv[2], workers=1, checkpoint_s=0.0,
           on_progress=lambda done, total: time.sleep(0.25))
 """
@@ -278,40 +282,34 @@ def test_sigkill_halfway_then_rerun_computes_only_missing(tmp_path: Path) -> Non
 # --- the command -----------------------------------------------------------------------------
 
 
-def _sim(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out = capsys.readouterr()
-    return int(info.value.code or 0), out.out, out.err
 
 
 def test_cli_run_forms_resume_and_existing_files(tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                 sim: Sim) -> None:
     """`sim sweep SPEC` and `sim sweep run SPEC` are the same command; a rerun resumes; a file
     that is not a sweep table needs --force."""
     spec = str(_write_spec(tmp_path / "s.yaml", SMALL))
     out = str(tmp_path / "t.parquet")
-    code, text, _ = _sim(["sweep", spec, "--out", out, "--workers", "1", "--limit", "4"],
-                         capsys)
+    code, text, _ = sim(["sweep", spec, "--out", out, "--workers", "1", "--limit", "4"])
     assert code == 0 and "4 scenarios computed" in text and "8 scenarios left" in text
-    code, text, _ = _sim(["sweep", "run", spec, "--out", out, "--workers", "1"], capsys)
+    code, text, _ = sim(["sweep", "run", spec, "--out", out, "--workers", "1"])
     assert code == 0 and "8 scenarios computed, 4 already in the table" in text
     user = tmp_path / "mine.parquet"
     user.write_text("not parquet")
-    code, _, err = _sim(["sweep", spec, "--out", str(user), "--workers", "1"], capsys)
+    code, _, err = sim(["sweep", spec, "--out", str(user), "--workers", "1"])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--force" in err
-    code, _, _ = _sim(["sweep", spec, "--out", str(user), "--workers", "1", "--force"], capsys)
+    code, _, _ = sim(["sweep", spec, "--out", str(user), "--workers", "1", "--force"])
     assert code == 0 and read_table(user).num_rows == 12
     for argv, words in ((["sweep", spec, "--out", out, "--workers", "0"], "--workers"),
                         (["sweep", spec, "--out", out, "--address", "auto"],
                          "--address needs --executor ray"),
                         (["sweep", spec, "--out", out, "--executor", "dask"], "local or ray"),
                         (["sweep", str(tmp_path / "no.yaml")], "does not exist")):
-        code, _, err = _sim(argv, capsys)
+        code, _, err = sim(argv)
         assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
 
 
-def test_missing_ray_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_missing_ray_is_one_line(tmp_path: Path, sim: Sim,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     real_import = builtins.__import__
 
@@ -322,19 +320,19 @@ def test_missing_ray_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
     monkeypatch.setattr(builtins, "__import__", no_ray)
     monkeypatch.delitem(sys.modules, "ray", raising=False)
-    code, _, err = _sim(["sweep", EXAMPLE_NAME, "--out", str(tmp_path / "t.parquet"),
-                         "--executor", "ray"], capsys)
+    code, _, err = sim(["sweep", EXAMPLE_NAME, "--out", str(tmp_path / "t.parquet"),
+                         "--executor", "ray"])
     assert code == 2 and err.strip() == f"error: {RAY_INSTALL}"
     assert not (tmp_path / "t.parquet").exists()
 
 
 def test_unreachable_ray_address_is_one_line(tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+                                             sim: Sim) -> None:
     pytest.importorskip("ray")
     for address, words in (("127.0.0.1:1", "no Ray head answers there"),
                            ("not an address", "must be auto or HOST:PORT")):
-        code, _, err = _sim(["sweep", EXAMPLE_NAME, "--out", str(tmp_path / "t.parquet"),
-                             "--executor", "ray", "--address", address], capsys)
+        code, _, err = sim(["sweep", EXAMPLE_NAME, "--out", str(tmp_path / "t.parquet"),
+                             "--executor", "ray", "--address", address])
         assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
 
 
@@ -363,9 +361,9 @@ def test_pareto_flags_per_model() -> None:
 
 
 def test_report_writes_a_self_contained_page(tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+                                             sim: Sim) -> None:
     table = run_sweep(load_spec(SMALL), tmp_path / "t.parquet", workers=1).path
-    code, text, _ = _sim(["sweep", "report", str(table)], capsys)
+    code, text, _ = sim(["sweep", "report", str(table)])
     page = tmp_path / "t.html"
     assert code == 0 and str(page) in text
     html = page.read_text()
@@ -373,14 +371,13 @@ def test_report_writes_a_self_contained_page(tmp_path: Path,
     assert re.findall(r"<script[^>]*\bsrc=", html) == [] and len(html) > 1_000_000
     assert "vs global_batch" in html and "vs recompute" in html and "PlanError" in html
     first = page.read_bytes()
-    code, _, _ = _sim(["sweep", "report", str(table), "--out", str(page)], capsys)
+    code, _, _ = sim(["sweep", "report", str(table), "--out", str(page)])
     assert code == 0 and page.read_bytes() == first  # its own page: replaced, same bytes
     mine = tmp_path / "mine.html"
     mine.write_text("<html>mine</html>")
-    code, _, err = _sim(["sweep", "report", str(table), "--out", str(mine)], capsys)
+    code, _, err = sim(["sweep", "report", str(table), "--out", str(mine)])
     assert code == 2 and "--force" in err
-    code, _, err = _sim(["sweep", "report", str(mine), "--out", str(tmp_path / "x.html")],
-                        capsys)
+    code, _, err = sim(["sweep", "report", str(mine), "--out", str(tmp_path / "x.html")])
     assert code == 2 and "not a sweep table" in err and len(err.strip().splitlines()) == 1
 
 
