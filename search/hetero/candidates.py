@@ -60,8 +60,6 @@ class Candidate:
     """Ranking estimate of the iteration time."""
     bound_s: float
     """Proven lower bound on the engine's iteration time."""
-    stage_types: tuple[str, ...]
-    """Slowest GPU type of each stage (FASOP's stage type)."""
 
 
 class Layout:
@@ -154,7 +152,7 @@ class CandidateBuilder:
                 if split is not None:
                     splits.append(split)
             for split in splits:
-                out.append(self._candidate(deg, order, lay, counts, split, stage_type,
+                out.append(self._candidate(deg, order, lay, counts, split,
                                            f"{how} partition, {order_note}"))
         return out
 
@@ -194,7 +192,7 @@ class CandidateBuilder:
 
     def _candidate(self, deg: Degrees, order: tuple[int, ...], lay: Layout,
                    counts: tuple[int, ...], split: tuple[int, ...] | None,
-                   stage_type: list[str], note: str) -> Candidate:
+                   note: str) -> Candidate:
         mbs = deg.micro_batch_size
         per_replica = ([n // mbs for n in split] if split is not None
                        else [self.batch // (deg.dp * mbs)] * deg.dp)
@@ -222,8 +220,7 @@ class CandidateBuilder:
                  f"{deg.schedule} "
                  f"layers={'/'.join(map(str, counts))}"
                  + (f" split={'/'.join(map(str, split))}" if split else "") + f" ({note})")
-        return Candidate(fields=fields, note=label, estimate_s=est, bound_s=bound,
-                         stage_types=tuple(stage_type))
+        return Candidate(fields=fields, note=label, estimate_s=est, bound_s=bound)
 
 
 __all__ = ["Candidate", "CandidateBuilder", "Degrees", "Layout"]

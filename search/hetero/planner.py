@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from trainsim.errors import SpecError
 from trainsim.search.hetero.block_costs import BlockCostTable
 from trainsim.search.hetero.candidates import Candidate, CandidateBuilder, Degrees, Layout
-from trainsim.search.hetero.space import cyclic_orders, distinct_orders, divisors
+from trainsim.search.hetero.space import cyclic_orders, distinct_orders
 from trainsim.search.planner import SearchRecord, SearchState
+from trainsim.workloads.plan_fields import _divisors as divisors
 
 MODES = {"hetero": "exact", "fasop": "fasop", "uniform": "uniform"}
 """Planner name -> candidate mode (candidates.py)."""

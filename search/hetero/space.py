@@ -14,7 +14,6 @@ node, NICs) are interchangeable, so an order matters only through its sequence o
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -112,10 +111,4 @@ def distinct_orders(cluster: Cluster, *, limit: int = 256, dtype: str = "fp16"
     return [_indices(kinds, s) for s in unique], False
 
 
-def divisors(n: int) -> list[int]:
-    """Divisors of n, ascending (trial division up to sqrt(n))."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
-
-
-__all__ = ["cyclic_orders", "distinct_orders", "divisors", "node_kinds"]
+__all__ = ["cyclic_orders", "distinct_orders", "node_kinds"]

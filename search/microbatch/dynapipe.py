@@ -42,8 +42,6 @@ class Split:
     """replicas[d][k]: sample indices of replica d's k-th micro-batch."""
     t_max: float
     """The chosen bottleneck micro-batch time (s)."""
-    estimate_s: float
-    """(stages - 1) t_max + the largest replica's summed cost."""
 
 
 def order_samples(inputs: np.ndarray, targets: np.ndarray | None = None) -> np.ndarray:
@@ -186,7 +184,7 @@ def splits(costs: MicroBatchCosts, inputs: np.ndarray, targets: np.ndarray | Non
         segments = _segments(time, bound, n)
         if mode == "exact" and len(segments) < dp <= n:  # every replica needs a segment
             bound, segments = _exact_with_count(time, values, n, dp, weight)
-        out[mode] = _assign(costs, order, x_in, x_t, segments, dp, bound, weight)
+        out[mode] = _assign(costs, order, x_in, x_t, segments, dp, bound)
     return out
 
 
@@ -238,8 +236,8 @@ def _dp_count(time: np.ndarray, bound: float, n: int, parts: int
 
 
 def _assign(costs: MicroBatchCosts, order: np.ndarray, x_in: np.ndarray,
-            x_t: np.ndarray | None, segments: list[tuple[int, int]], dp: int, bound: float,
-            weight: int) -> Split:
+            x_t: np.ndarray | None, segments: list[tuple[int, int]], dp: int, bound: float
+            ) -> Split:
     """Segments (at least one per replica) balanced over the replicas by Karmarkar–Karp."""
     segments = _at_least(segments, dp)
     seg_cost = [float(costs.time(b - a, pad(x_in[a:b].max()),
@@ -252,8 +250,7 @@ def _assign(costs: MicroBatchCosts, order: np.ndarray, x_in: np.ndarray,
             part.append(donor.pop(min(range(len(donor)), key=lambda i: seg_cost[donor[i]])))
     replicas = tuple(tuple(tuple(int(order[s]) for s in range(*segments[g]))
                            for g in sorted(members)) for members in groups)
-    est = weight * max(seg_cost) + max(sum(seg_cost[g] for g in m) for m in groups)
-    return Split(replicas=replicas, t_max=bound, estimate_s=est)
+    return Split(replicas=replicas, t_max=bound)
 
 
 CHUNK = 64
