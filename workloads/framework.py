@@ -2,9 +2,11 @@
 
 A `FrameworkProfile` (megatron, nemo, deepspeed, torchtitan, hf-eager, default) says which
 attention kernel the stack runs (`ModelSpec.attention`: "flash" or "eager"), whether it turns
-sequence parallelism on with tensor parallelism, and which fused kernels it uses, each value
-with its source. `apply_framework(spec, framework, attention)` returns the
-model as that stack trains it: the profile's attention kernel unless `attention` overrides it.
+sequence parallelism on with tensor parallelism, what its selective activation checkpointing
+drops, how much memory its loss's backward holds, and which fused kernels it uses, each value
+with its source. `apply_framework(spec, framework, attention)` returns the model as that stack
+trains it: the profile's kernel (unless `attention` overrides it), selective policy and loss
+workspace.
 The lowering sees the result through the `ModelSpec` it builds the graph from.
 
 Fusion facts are recorded, not applied: the op graph already models Megatron-LM's fused
@@ -23,11 +25,14 @@ from typing import Any
 
 from trainsim.errors import DataFileError, SpecError, unknown_name
 from trainsim.workloads.data_files import read_data_yaml
-from trainsim.workloads.model import ATTENTION_KERNELS, ModelSpec
+from trainsim.workloads.model import ATTENTION_KERNELS, SELECTIVE_POLICIES, ModelSpec
 
 _FILE = "data/frameworks.yaml"
 _WHERE = f"workloads/{_FILE}"
 DEFAULT_FRAMEWORK = "default"
+PROFILE_FIELDS = ("description", "attention", "fusions", "sequence_parallel",
+                  "pipeline_microbatches", "selective_recompute", "loss_workspace")
+"""Keys a profile in frameworks.yaml may have."""
 FUSIONS = ("masked_softmax", "bias_gelu", "bias_dropout_add", "layernorm")
 """Fused kernels a profile may record (Megatron-LM's --no-*-fusion flags and fused layernorm)."""
 
@@ -54,6 +59,13 @@ class FrameworkProfile:
         value=False, source="assumed: off unless the profile says otherwise"))
     """Whether the stack shards the norms' and dropouts' activations over the tensor-parallel
     group (Korthikanti et al. 2022) by default when tp > 1 (`ParallelPlan.sp`)."""
+    selective_recompute: Sourced = field(default_factory=lambda: Sourced(
+        value="megatron", source="assumed: Megatron-LM's attention-core policy"))
+    """What the stack's "selective" activation checkpointing drops (`ModelSpec.selective_policy`)."""
+    loss_workspace: Sourced = field(default_factory=lambda: Sourced(
+        value=0.0, source="assumed: not modelled"))
+    """Bytes per logit the loss's backward holds beyond the saved fp32 logits
+    (`ModelSpec.loss_workspace_bytes`)."""
     pipeline_microbatches: Sourced = field(default_factory=lambda: Sourced(
         value="given", source="assumed: the run states its micro-batch size"))
     """How a pipeline-parallel run splits each data-parallel rank's local batch: "given"
@@ -77,6 +89,16 @@ def _sourced(where: str, raw: object, check: tuple[Any, ...] | type) -> Sourced:
     return Sourced(value=value, source=source)
 
 
+def _workspace(where: str, raw: object) -> Sourced:
+    """A bytes-per-logit value: a number in [0, 64)."""
+    entry = _sourced(where, raw, object)
+    if not isinstance(entry.value, (int, float)) or isinstance(entry.value, bool) \
+            or not 0 <= entry.value < 64:
+        raise DataFileError(f"{where}.value={entry.value!r} must be a number of bytes per "
+                            f"logit in [0, 64)")
+    return Sourced(value=float(entry.value), source=entry.source)
+
+
 def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProfile]:
     """Validate a frameworks.yaml document; errors are one line naming the field."""
     if not isinstance(data, Mapping) or set(data) != {"profiles"}:
@@ -89,12 +111,10 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
         at = f"{where}: profiles.{name}"
         if not isinstance(raw, Mapping):
             raise DataFileError(f"{at}: must be a mapping of fields")
-        unknown = sorted(set(raw) - {"description", "attention", "fusions",
-                                     "sequence_parallel", "pipeline_microbatches"})
+        unknown = sorted(set(raw) - set(PROFILE_FIELDS))
         if unknown:
-            raise DataFileError(f"{at}: unknown field {unknown[0]!r} (valid: attention, "
-                                f"description, fusions, pipeline_microbatches, "
-                                f"sequence_parallel)")
+            raise DataFileError(f"{at}: unknown field {unknown[0]!r} (valid: "
+                                f"{', '.join(sorted(PROFILE_FIELDS))})")
         if "attention" not in raw:
             raise DataFileError(f"{at}: misses field 'attention'")
         fusions_raw = raw.get("fusions") or {}
@@ -116,7 +136,12 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
             **({"pipeline_microbatches": _sourced(f"{at}.pipeline_microbatches",
                                                   raw["pipeline_microbatches"],
                                                   ("given", "pp"))}
-               if "pipeline_microbatches" in raw else {}))
+               if "pipeline_microbatches" in raw else {}),
+            **({"selective_recompute": _sourced(f"{at}.selective_recompute",
+                                                raw["selective_recompute"], SELECTIVE_POLICIES)}
+               if "selective_recompute" in raw else {}),
+            **({"loss_workspace": _workspace(f"{at}.loss_workspace", raw["loss_workspace"])}
+               if "loss_workspace" in raw else {}))
     if DEFAULT_FRAMEWORK not in out:
         raise DataFileError(f"{where}: profiles misses the '{DEFAULT_FRAMEWORK}' profile")
     return out
@@ -157,15 +182,17 @@ def apply_framework(spec: ModelSpec, framework: str | None = None,
     """
     if attention is not None and attention not in ATTENTION_KERNELS:
         raise SpecError(f"attention={attention!r} must be one of {', '.join(ATTENTION_KERNELS)}")
-    kernel = attention
-    if kernel is None and framework is not None:
-        kernel = str(get_framework(framework).attention.value)
-    elif framework is not None:
-        get_framework(framework)  # still check the name
-    if kernel is None or kernel == spec.attention:
-        return spec
-    return dataclasses.replace(spec, attention=kernel)
+    changes: dict[str, Any] = {}
+    if framework is not None:
+        profile = get_framework(framework)
+        changes = {"attention": str(profile.attention.value),
+                   "selective_policy": str(profile.selective_recompute.value),
+                   "loss_workspace_bytes": float(profile.loss_workspace.value)}
+    if attention is not None:
+        changes["attention"] = attention
+    changes = {k: v for k, v in changes.items() if getattr(spec, k) != v}
+    return dataclasses.replace(spec, **changes) if changes else spec
 
 
-__all__ = ["DEFAULT_FRAMEWORK", "FUSIONS", "FrameworkProfile", "Sourced", "apply_framework",
+__all__ = ["DEFAULT_FRAMEWORK", "FUSIONS", "PROFILE_FIELDS", "FrameworkProfile", "Sourced", "apply_framework",
            "get_framework", "list_frameworks", "parse_profiles"]

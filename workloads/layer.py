@@ -58,6 +58,16 @@ class Layer:
     shared_params: int = 0
     """Parameters used here but counted in another layer (a tied LM head's embedding), which a
     pipeline stage holding this layer alone keeps a copy of."""
+    selective_policy: str = "megatron"
+    """What selective recompute drops here: "megatron" (each op's `selective_recompute` flag)
+    or "op" (torchtitan's op-level policy, `op_sac`)."""
+    gemm_splits: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    """For fused GEMM ops, the output shares of the separate matmuls a PyTorch model runs in
+    their place, in call order (e.g. attn.qkv: q, k, v; a gated mlp.fc1: gate, up); `op_sac`
+    counts them one by one."""
+    backward_workspace_bytes: float = 0.0
+    """Bytes the layer's backward holds beyond its saved activations (the loss's gradient
+    buffers; `ModelSpec.loss_workspace_bytes`), before tensor-parallel sharding."""
 
     @property
     def params(self) -> int:
@@ -77,7 +87,8 @@ class Layer:
             fwd_flops=sum(op.fwd_flops for op in ops),
             bwd_flops=sum(op.bwd_flops for op in ops),
             matmul_fwd_flops=sum(op.fwd_flops for op in ops if op.is_matmul),
-            selective_fwd_flops=sum(op.fwd_flops for op in ops if op.selective_recompute),
+            selective_fwd_flops=sum(self.selective_shares(tp, sp).get(op.name, 0.0) * op.fwd_flops
+                                    for op in ops),
             fwd_bytes=sum(op.fwd_bytes for op in ops),
             bwd_bytes=sum(op.bwd_bytes for op in ops),
             params=sum(op.params for op in ops),
@@ -98,13 +109,55 @@ class Layer:
             raise ValueError(f"recompute={recompute!r} is not one of {RECOMPUTE_POLICIES}")
         if recompute == "full" and self.recomputable:
             return self.input_bytes / (tp if sp else 1)
+        if recompute == "selective" and self.selective_policy == "op":
+            return self.op_sac(tp, sp)[0]
         policy = "selective" if recompute == "selective" else "none"
         return float(sum(op.saved_bytes(policy) for op in self.sharded_ops(tp, sp)))
 
     def recompute_fwd_flops(self, recompute: str = "none", tp: int = 1, sp: bool = False) -> float:
         """Forward FLOPs run again before the backward pass under `recompute`."""
+        ops = self.sharded_ops(tp, sp)
         if recompute == "full" and self.recomputable:
-            return sum(op.fwd_flops for op in self.sharded_ops(tp, sp))
+            return sum(op.fwd_flops for op in ops)
         if recompute == "selective":
-            return sum(op.fwd_flops for op in self.sharded_ops(tp, sp) if op.selective_recompute)
+            share = self.selective_shares(tp, sp)
+            return sum(share.get(op.name, 0.0) * op.fwd_flops for op in ops)
         return 0.0
+
+    def selective_shares(self, tp: int = 1, sp: bool = False) -> dict[str, float]:
+        """Share of each op's forward that selective recompute runs again (1 or absent under
+        Megatron's policy; GEMMs fused here but separate in PyTorch may be partly re-run
+        under the op-level one)."""
+        if self.selective_policy == "op":
+            return self.op_sac(tp, sp)[1]
+        return {op.name: 1.0 for op in self.ops if op.selective_recompute}
+
+    def op_sac(self, tp: int = 1, sp: bool = False) -> tuple[float, dict[str, float]]:
+        """Saved bytes and recomputed forward shares under torchtitan's op-level selective
+        activation checkpointing (torchtitan activation_checkpoint.py `_custom_policy`).
+
+        The checkpointed block keeps its input; of the ops inside it keeps the outputs of the
+        matmuls -- but every second one, counted in call order per block -- and of the
+        attention kernel (its output and logsumexp); everything else (norms, rotary, the
+        activation, residual adds) and the skipped matmuls run again before the backward.
+        """
+        kept = self.input_bytes / (tp if sp else 1)
+        shares: dict[str, float] = {}
+        count = 0
+        splits = dict(self.gemm_splits)
+        for op in self.sharded_ops(tp, sp):
+            if op.kind == "flash_attention":
+                kept += op.output_bytes + op.activation_bytes - op.selective_kept_bytes
+            elif op.kind == "matmul":
+                redo = 0.0
+                for part in splits.get(op.name, (1.0,)):
+                    count += 1
+                    if count % 2:
+                        kept += part * op.output_bytes
+                    else:
+                        redo += part
+                if redo:
+                    shares[op.name] = redo
+            elif op.fwd_flops > 0 or op.fwd_bytes > 0:
+                shares[op.name] = 1.0
+        return kept, shares

@@ -39,6 +39,9 @@ ATTENTION_KERNELS = ("flash", "eager")
 (FlashAttention-2, Dao 2023; PyTorch SDPA's flash / memory-efficient backends), or "eager",
 separate QKᵀ, softmax, dropout and PV kernels whose s×s outputs are saved (Korthikanti et al.
 2022). Every modern stack defaults to flash (workloads/data/frameworks.yaml)."""
+SELECTIVE_POLICIES = ("megatron", "op")
+"""What selective recompute drops: Megatron-LM's attention core, or torchtitan's op-level
+policy (`workloads.layer.Layer.op_sac`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +93,14 @@ class ModelSpec:
     share -- every op runs on seq/c tokens, while self attention reads the keys and values of
     the whole sequence (ring attention). Set by the lowering from `ParallelPlan.cp`, not by
     model files."""
+    selective_policy: str = "megatron"
+    """What `recompute="selective"` drops (`SELECTIVE_POLICIES`): "megatron", the attention
+    core only (Korthikanti et al. 2022 §5), or "op", torchtitan's op-level selective
+    checkpointing (every GEMM and attention output saved but every second GEMM's; the rest
+    recomputed). A framework profile (workloads/framework.py) sets it."""
+    loss_workspace_bytes: float = 0.0
+    """Bytes per logit the loss's backward holds beyond the saved fp32 logits (the stack's
+    cross-entropy implementation; workloads/data/frameworks.yaml). 0: not modelled."""
     type_vocab_size: int = 0
     """BERT token-type embeddings (2 for BERT)."""
     pooler: bool = False
@@ -131,6 +142,10 @@ class ModelSpec:
             raise bad("dtype", f"is not one of {', '.join(DTYPE_BYTES)}")
         if self.attention not in ATTENTION_KERNELS:
             raise bad("attention", f"is not one of {', '.join(ATTENTION_KERNELS)}")
+        if self.selective_policy not in SELECTIVE_POLICIES:
+            raise bad("selective_policy", f"is not one of {', '.join(SELECTIVE_POLICIES)}")
+        if not 0 <= self.loss_workspace_bytes < 64:
+            raise bad("loss_workspace_bytes", "must be in [0, 64) bytes per logit")
         if not isinstance(self.context_parallel, int) or self.context_parallel < 1:
             raise bad("context_parallel", "must be an integer >= 1")
         if self.family == "wresnet":

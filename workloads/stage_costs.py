@@ -102,6 +102,7 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
     ops = layer.sharded_ops(tp, sp, ep)
     out = _LayerSum()
     full = recompute == "full" and layer.recomputable
+    shares = layer.selective_shares(tp, sp) if recompute == "selective" else {}
     for op in ops:
         f, b, i, w = op_pass_work(cost_model, gpu, op, freq_mhz, dtype)
         out.fwd, out.bwd, out.bwd_in, out.bwd_w = out.fwd + f, out.bwd + b, out.bwd_in + i, \
@@ -111,9 +112,10 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
         fwd_needs = [c for c in sharding.comm if c.phase == "fwd"]
         out.comm["fwd" + suffix] += fwd_needs
         out.comm["bwd" + suffix] += [c for c in sharding.comm if c.phase == "bwd"]
-        redo = full or (recompute == "selective" and op.selective_recompute) or op.name in names
-        if redo:
-            out.rec = out.rec + f
+        share = 1.0 if full or op.name in names else shares.get(op.name, 0.0)
+        if share:
+            out.rec = out.rec + (f if share == 1.0 else
+                                 Work(time_s=share * f.time_s, energy_j=share * f.energy_j))
             if full or op.name in names:
                 out.comm["rec" + suffix] += fwd_needs
     if full:
@@ -126,6 +128,9 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
         kept = layer.activation_bytes(tp, sp, "none")
         dropped = sum(op.activation_bytes for op in ops if op.name in names)
         kept, extra = kept - dropped, dropped
+    # the loss's gradient buffers live during the backward only, as recomputed activations
+    # do; vocab-parallel cross entropy (tp > 1) holds 1/tp of them
+    extra = max(extra, layer.backward_workspace_bytes / tp)
     out.kept, out.extra = kept, extra
     out.params = sum(op.params for op in ops)
     return out

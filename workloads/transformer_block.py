@@ -247,8 +247,25 @@ def transformer_block(spec: ModelSpec, b: int, s: int, *, name: str = "block",
     ops.append(norm_op("mlp.norm", spec, tokens))
     ops += mlp_ops("mlp", spec, tokens) if mlp is None else mlp
     boundary = spec.dtype_bytes * tokens * spec.hidden
+    # torchtitan's op-level selective policy is described for dense self-attention blocks;
+    # MoE and cross-attention blocks keep Megatron's (their GEMM call order is not modelled)
+    dense = mlp is None and cross_s is None
     return Layer(name=name, kind=kind, ops=tuple(ops), input_bytes=boundary,
-                 output_bytes=boundary, side_input_bytes=side, recomputable=True)
+                 output_bytes=boundary, side_input_bytes=side, recomputable=True,
+                 selective_policy=spec.selective_policy if dense else "megatron",
+                 gemm_splits=_torch_gemm_splits(spec) if dense else ())
+
+
+def _torch_gemm_splits(spec: ModelSpec) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """How a PyTorch block (torchtitan's Llama) runs the GEMMs fused here: q, k, v as three
+    nn.Linear calls (wq, wk, wv), and a gated MLP's gate and up projections as two (w1, w3)."""
+    h_q = spec.num_heads * int(spec.head_dim or 0)
+    h_kv = int(spec.num_kv_heads or 0) * int(spec.head_dim or 0)
+    n = h_q + 2 * h_kv
+    splits: list[tuple[str, tuple[float, ...]]] = [("attn.qkv", (h_q / n, h_kv / n, h_kv / n))]
+    if spec.activation in ("swiglu", "geglu"):
+        splits.append(("mlp.fc1", (0.5, 0.5)))
+    return tuple(splits)
 
 
 def embedding_layer(spec: ModelSpec, b: int, s: int, *, name: str = "embedding",
@@ -310,4 +327,5 @@ def lm_head_layer(spec: ModelSpec, b: int, s: int, *, name: str = "head",
     return Layer(name=name, kind="head", ops=ops,
                  input_bytes=spec.dtype_bytes * tokens * spec.hidden,
                  output_bytes=FP32_BYTES * tokens,
-                 shared_params=spec.vocab_size * spec.hidden if spec.tied_embeddings else 0)
+                 shared_params=spec.vocab_size * spec.hidden if spec.tied_embeddings else 0,
+                 backward_workspace_bytes=spec.loss_workspace_bytes * tokens * spec.vocab_size)

@@ -1,0 +1,149 @@
+"""Framework memory behaviour (issue 13, item 5): torchtitan's op-level selective activation
+checkpointing and the cross entropy's backward buffers.
+
+torchtitan `_custom_policy` keeps the outputs of the matmuls (but every second one, counted
+per block in call order: wq, wk, wv, wo, w1, w3, w2) and of the attention kernel; the block
+input is kept by the checkpoint itself; every other op runs again before the backward.
+Its loss, ``F.cross_entropy(pred.float(), labels)``, holds two fp32 gradient buffers (8 bytes
+per logit) in its backward beyond the saved fp32 log-probabilities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import yaml
+
+from trainsim import api
+from trainsim.errors import DataFileError
+from trainsim.workloads.framework import apply_framework, get_framework, parse_profiles
+from trainsim.workloads.model import ModelSpec, build_graph
+from trainsim.workloads.transformer_block import LSE_BYTES
+from trainsim.workloads.zoo import get_model
+
+SMALL = ModelSpec(name="small-llama", family="llama", num_layers=4, hidden=512, num_heads=8,
+                  num_kv_heads=2, ffn_hidden=1536, vocab_size=32000, seq_len=2048,
+                  norm="rmsnorm", activation="swiglu", bias=False, dropout=False,
+                  position_embedding="rotary", tied_embeddings=False, dtype="bf16",
+                  source="a small GQA Llama for memory tests")
+
+
+def _op_spec(spec: ModelSpec) -> ModelSpec:
+    return dataclasses.replace(spec, selective_policy="op")
+
+
+@pytest.mark.parametrize("name", ["llama2-7b", "llama2-70b"])
+def test_op_sac_keeps_the_odd_matmuls_the_attention_output_and_the_input(name: str) -> None:
+    """Per token: input h, wq h_q, wv h_kv, attention output h_q and its logsumexp, w1 f,
+    w2 h (bf16), hand-counted from torchtitan's call order."""
+    spec = _op_spec(get_model(name))
+    b, s = 2, 1024
+    block = build_graph(spec, b, s).layers[1]
+    h, a, d = spec.hidden, spec.num_heads, int(spec.head_dim or 0)
+    h_q, h_kv, f = a * d, int(spec.num_kv_heads or 0) * d, int(spec.ffn_hidden or 0)
+    per_token = 2 * (h + h_q + h_kv + h_q + f + h) + LSE_BYTES * a
+    assert block.activation_bytes(recompute="selective") == pytest.approx(per_token * b * s)
+    # less than keeping everything, more than full recompute
+    assert block.activation_bytes(recompute="full") < per_token * b * s \
+        < block.activation_bytes(recompute="none")
+
+
+def test_op_sac_recomputes_the_even_matmuls_and_every_cheap_op() -> None:
+    spec = _op_spec(SMALL)
+    block = build_graph(spec, 1, 2048).layers[1]
+    shares = block.selective_shares()
+    h_q, h_kv = spec.num_heads * 64, 2 * 64
+    assert shares["attn.qkv"] == pytest.approx(h_kv / (h_q + 2 * h_kv))  # wk
+    assert shares["attn.proj"] == 1.0  # wo
+    assert shares["mlp.fc1"] == pytest.approx(0.5)  # w3
+    assert "mlp.fc2" not in shares and "attn.flash" not in shares  # w2, attention: kept
+    cheap = {op.name for op in block.ops if op.kind not in ("matmul", "flash_attention")}
+    assert all(shares[name] == 1.0 for name in cheap)
+    ops = {op.name: op for op in block.ops}
+    expected = sum(share * ops[name].fwd_flops for name, share in shares.items())
+    assert block.recompute_fwd_flops("selective") == pytest.approx(expected)
+
+
+def test_op_sac_shards_with_tensor_and_sequence_parallelism() -> None:
+    """Column-parallel outputs and the attention output split over tp; with SP the block
+    input and the row-parallel (reduce-scattered) output w2 split too."""
+    spec = _op_spec(SMALL)
+    block = build_graph(spec, 1, 2048).layers[1]
+    whole = block.activation_bytes(recompute="selective")
+    assert block.activation_bytes(tp=4, sp=True, recompute="selective") == \
+        pytest.approx(whole / 4)
+    tp_only = block.activation_bytes(tp=4, sp=False, recompute="selective")
+    assert whole / 4 < tp_only < whole
+
+
+def test_megatron_selective_is_unchanged_by_default() -> None:
+    """Without a profile saying otherwise, selective is Megatron's attention-core policy."""
+    block = build_graph(SMALL, 1, 2048).layers[1]
+    assert block.selective_policy == "megatron"
+    assert block.activation_bytes(recompute="selective") == pytest.approx(
+        sum(op.saved_bytes("selective") for op in block.ops))
+    assert set(block.selective_shares()) == {"attn.flash"}
+
+
+def test_profiles_carry_the_policies_with_sources() -> None:
+    titan = get_framework("torchtitan")
+    assert titan.selective_recompute.value == "op" and "_custom_policy" in \
+        titan.selective_recompute.source
+    assert titan.loss_workspace.value == 8.0 and "cross_entropy" in titan.loss_workspace.source
+    assert get_framework("megatron").selective_recompute.value == "megatron"
+    spec = apply_framework(SMALL, "torchtitan")
+    assert (spec.selective_policy, spec.loss_workspace_bytes) == ("op", 8.0)
+    assert apply_framework(spec, "megatron").selective_policy == "megatron"
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"selective_recompute": {"value": "some", "source": "x"}},
+     "selective_recompute.value='some' is not one of megatron, op"),
+    ({"loss_workspace": {"value": -1, "source": "x"}},
+     "loss_workspace.value=-1 must be a number of bytes per logit"),
+    ({"loss_workspace": {"value": "8", "source": "x"}},
+     "loss_workspace.value='8' must be a number of bytes per logit"),
+])
+def test_bad_profile_values_are_one_line_naming_the_field(entry: dict[str, Any],
+                                                         message: str) -> None:
+    data = {"profiles": {"default": {"attention": {"value": "flash", "source": "x"}, **entry}}}
+    with pytest.raises(DataFileError, match=message) as info:
+        parse_profiles(yaml.safe_load(yaml.safe_dump(data)), where="frameworks.yaml")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_loss_workspace_raises_the_simulated_peak_by_its_bytes(recompute: str) -> None:
+    """One GPU, one micro-batch: the peak is reached in the head's backward, so the loss
+    buffers add exactly 8 bytes per logit where they exceed the recomputed activations."""
+    b, s = 1, 2048
+    kwargs: dict[str, Any] = {"dp": 1, "tp": 1, "pp": 1, "micro_batch_size": b,
+                              "global_batch": b, "seq_len": s, "recompute": recompute,
+                              "dtype": "bf16"}
+    base = api.simulate(SMALL, "1xA100-SXM4-80GB", **kwargs)
+    spec = dataclasses.replace(SMALL, loss_workspace_bytes=8.0)
+    more = api.simulate(spec, "1xA100-SXM4-80GB", **kwargs)
+    workspace = 8.0 * b * s * SMALL.vocab_size
+    graph = build_graph(SMALL, b, s)
+    redo = max(layer.activation_bytes(recompute="none") - layer.activation_bytes(
+        recompute=recompute) for layer in graph.layers)
+    assert more.peak_memory_bytes - base.peak_memory_bytes == pytest.approx(
+        workspace - redo, rel=1e-6)
+    # time is unchanged: buffers, not work
+    assert more.iteration_time_s == pytest.approx(base.iteration_time_s)
+
+
+def test_memory_never_goes_negative_with_a_workspace_and_no_recompute() -> None:
+    """The backward allocates the workspace itself when nothing is recomputed (and frees it
+    with the activations), so every rank ends at its static memory."""
+    spec = dataclasses.replace(SMALL, loss_workspace_bytes=8.0)
+    result = api.simulate(spec, "1x4xA100-SXM4-80GB", dp=1, tp=1, pp=4, micro_batch_size=1,
+                          global_batch=8, seq_len=1024, recompute="none", dtype="bf16",
+                          schedule="zb-h1")
+    timeline = result.memory_timeline
+    assert (timeline["bytes"] >= -1e-6).all()
+    first = timeline.groupby("rank")["bytes"].first()
+    last = timeline.groupby("rank")["bytes"].last()
+    assert (last - first).abs().max() < 1.0
