@@ -26,6 +26,7 @@ from trainsim.hwmodels.calibration import Calibration, load_calibration
 from trainsim.hwmodels.catalog_views import catalog_gpus, describe_hardware
 from trainsim.hwmodels.catalog_views import describe_cluster as _cluster_view
 from trainsim.hwmodels.cluster import Cluster, parse_cluster
+from trainsim.hwmodels.gpus import get_gpu
 from trainsim.search.aceso.profile import aceso_lowering_options
 from trainsim.search.energy.outputs import PLAN_FILES
 from trainsim.search.exports import search_output_files
@@ -50,6 +51,7 @@ from trainsim.validate.profiler import run_profile
 from trainsim.validate.published_runs import AccuracyReport, PublishedRun, group_stats, read_runs
 from trainsim.validate.published_runs import default_csv_path as published_runs_csv
 from trainsim.validate.published_runs import evaluate as _evaluate_runs
+from trainsim.validate.roofline_fit import OpFit, fit_op_efficiency
 from trainsim.validate.small_models import get_validation_model, list_validation_models
 from trainsim.validate.trace_record import MeasuredTrace, import_kineto, parse_plan
 from trainsim.validate.trace_record import record_trace as _record_trace
@@ -318,6 +320,25 @@ def calibrate_dvfs(perseus_dir: str | Path, *,
     return calibrate(folder, on_gpu)
 
 
+def calibrate_ops(profile: str | Path | ProfileDB, gpu: str, dtype: str = "fp16"
+                  ) -> tuple[OpFit, Calibration]:
+    """Fit the roofline's per-class efficiency factors and launch overhead of catalog GPU
+    `gpu` to a profile's measured op times (`sim calibrate ops`); the calibration file carries
+    them as `op_efficiency`."""
+    db = profile if isinstance(profile, ProfileDB) else ProfileDB.load(profile)
+    spec = get_gpu(gpu)
+    if dtype not in spec.dtypes:
+        raise SpecError(f"--dtype {dtype}: {spec.name} runs {', '.join(spec.dtypes)}")
+    fit = fit_op_efficiency(db, spec, dtype)
+    where = db.meta.get("command") or "a sim profile"
+    source = (f"sim calibrate ops: fit to {fit.rows} measured op times ({where}); op-time "
+              f"MAPE {fit.mape_before:.1%} -> {fit.mape_after:.1%}, held-out "
+              f"{fit.holdout_mape:.1%}")
+    cal = Calibration(op_efficiency={spec.name: fit.efficiency},
+                      sources={f"op_efficiency.{spec.name}": source})
+    return fit, cal
+
+
 def simulate(model: str | ModelSpec, cluster: str | Cluster,
              plan: ParallelPlan | Mapping[str, Any] | str | Path | None = None, *,
              engine: str = "numba", options: LoweringOptions | None = None,
@@ -527,7 +548,7 @@ def microbatch(model: str | ModelSpec, cluster: str | Cluster, dataset: LengthDa
                max_len: int | None = None, max_target_len: int | None = None,
                on_long: str = "truncate", methods: Sequence[str] = MICROBATCH_METHODS,
                packing_attention: str = "eager", seed: int = 0,
-               on_iteration: Callable[[str, int], None] | None = None
+               on_iteration: Callable[[str, int], None] | None = None, zero: int = 0
                ) -> tuple[list[MethodResult], MicroBatchPlanner]:
     """Compare micro-batching methods (search/microbatch/planner.py) on `iterations` global
     batches of `tokens_per_batch` tokens drawn from `dataset`, each replayed on the engine.
@@ -556,7 +577,7 @@ def microbatch(model: str | ModelSpec, cluster: str | Cluster, dataset: LengthDa
     batches = iteration_batches(fitted, tokens_per_batch, iterations=iterations, seed=seed)
     planner = MicroBatchPlanner(spec, hw, dp=dp, tp=tp, pp=pp, max_len=limit,
                                 max_target_len=target_limit,
-                                packing_attention=packing_attention)
+                                packing_attention=packing_attention, zero=zero)
     planner.dataset = fitted
     results = [planner.run(m, batches, on_iteration) for m in methods]
     return results, planner

@@ -68,3 +68,34 @@ def dvfs_command(
         from trainsim.search.energy.dvfs_fit import write_catalog as _write
         for path in _write(cal):
             typer.echo(f"updated {path}")
+
+
+@app.command("ops")
+@user_errors
+def ops_command(
+    profile: Path = typer.Argument(..., help="Measured op times: a `sim profile` CSV (e.g. "
+                                   "recorded with --device cuda on the GPU named by --gpu)."),
+    gpu: str = typer.Option(..., "--gpu", help="Catalog GPU the profile was measured on."),
+    dtype: str = typer.Option("fp16", "--dtype", help="Precision the profile's GEMMs ran in."),
+    out: Path = typer.Option(Path("calibration.json"), "--out", help="Calibration file."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --out if it exists."),
+) -> None:
+    """Fit the roofline's efficiency factor per op class (gemm, batched_gemm, elementwise),
+    its memory-bandwidth factor and the launch overhead of one GPU to a profile's measured op
+    times; print the op-time error before and after, and on held-out rows."""
+    check_new_file(out, force, "--out")
+    fit, cal = api.calibrate_ops(profile, gpu, dtype)
+    rows = [[c.cls, str(c.rows), f"{c.factor:.3f}", f"{c.mape_before:.1%}",
+             f"{c.mape_after:.1%}"] for c in fit.classes]
+    rows.append(["memory bandwidth", "", f"{fit.efficiency.memory_scale:.3f}", "", ""])
+    overhead = fit.efficiency.launch_overhead_s or 0.0
+    rows.append(["launch overhead", "", f"{overhead * 1e6:.2f} µs", "", ""])
+    rows.append(["all ops", str(fit.rows), "", f"{fit.mape_before:.1%}",
+                 f"{fit.mape_after:.1%}"])
+    print_table(f"op-time calibration of {fit.gpu} ({profile.name})",
+                ["class", "rows", "factor", "MAPE catalog", "MAPE fitted"], rows)
+    typer.echo(f"held-out op-time MAPE (two-fold): {fit.holdout_mape:.1%}")
+    if fit.skipped:
+        typer.echo(f"left out (no roofline class): {', '.join(fit.skipped)}")
+    out.write_text(json.dumps(cal.to_json(), indent=2) + "\n", encoding="utf-8")
+    typer.echo(f"wrote {out}")

@@ -7,10 +7,14 @@
      "clock_scaling": {"<GPU name>": {<clock_scaling.json record>}, ...},
      "power": {"<GPU name>": {"v_min_ratio": r, "memory_bound_activity": a,
                               "dynamic_power_max_w": W, "source": "..."}, ...},
-     "gemm_efficiency": {"<GPU name>": {"scale": k, "source": "..."}, ...}}
+     "gemm_efficiency": {"<GPU name>": {"scale": k, "source": "..."}, ...},
+     "op_efficiency": {"<GPU name>": {"compute_scale": {"<class>": k, ...},
+                                      "memory_scale": k, "launch_overhead_s": s,
+                                      "source": "..."}, ...}}
 
 (`gemm_efficiency`: a factor on the achieved fraction of tensor peak of GEMM-class ops, fitted
-to a stack's measured end-to-end runs; see `RooflineCostModel`.)
+to a stack's measured end-to-end runs; `op_efficiency`: per-class factors and the launch
+overhead fitted to measured op times by ``sim calibrate ops``; see `RooflineCostModel`.)
 
 GPU names must be in the catalog; every record carries the `source` that says what it was fitted
 to. The catalog's own files (data/clock_scaling.json, data/power.json) hold the same records for
@@ -28,11 +32,16 @@ from trainsim.errors import DataFileError
 from trainsim.hwmodels.clock_scaling import ClockScaling, parse_clock_scaling
 from trainsim.hwmodels.datafiles import check_keys, number
 from trainsim.hwmodels.gpus import get_gpu
-from trainsim.hwmodels.opcost import RooflineCostModel
+from trainsim.hwmodels.opcost import OpEfficiency, RooflineCostModel, efficiency_classes
 from trainsim.hwmodels.power import PowerModel, power_model
 
 FORMAT_KEY = "trainsim_calibration"
 FORMAT_VERSION = 1
+SECTIONS = ("clock_scaling", "power", "gemm_efficiency", "op_efficiency")
+SCALE_RANGE = (0.02, 50.0)
+"""Fitted efficiency factors outside this range mean the measurements are not of this GPU."""
+MAX_OVERHEAD_S = 0.01
+"""Largest per-op launch overhead a calibration file may set."""
 _POWER_FIELDS = ("v_min_ratio", "memory_bound_activity", "dynamic_power_max_w", "source")
 
 
@@ -47,10 +56,13 @@ class Calibration:
     fitted to."""
     gemm_efficiency: dict[str, float] = field(default_factory=dict)
     """GPU name -> factor on the GEMM efficiency plateau."""
+    op_efficiency: dict[str, OpEfficiency] = field(default_factory=dict)
+    """GPU name -> per-class corrections fitted to measured op times."""
 
     def cost_model(self) -> RooflineCostModel:
         """The roofline cost model with these coefficients."""
-        return RooflineCostModel(self.clock_scaling, self.power, self.gemm_efficiency)
+        return RooflineCostModel(self.clock_scaling, self.power, self.gemm_efficiency,
+                                 self.op_efficiency)
 
     def to_json(self) -> dict[str, Any]:
         """The file's content (see module docstring)."""
@@ -66,6 +78,11 @@ class Calibration:
             "gemm_efficiency": {g: {"scale": k,
                                     "source": self.sources.get(f"gemm_efficiency.{g}", "")}
                                 for g, k in sorted(self.gemm_efficiency.items())},
+            "op_efficiency": {g: {"compute_scale": dict(sorted(e.compute_scale.items())),
+                                  "memory_scale": e.memory_scale,
+                                  "launch_overhead_s": e.launch_overhead_s,
+                                  "source": self.sources.get(f"op_efficiency.{g}", "")}
+                              for g, e in sorted(self.op_efficiency.items())},
         }
 
 
@@ -86,6 +103,33 @@ def _power_record(where: str, gpu_name: str, entry: Any) -> PowerModel:
         raise DataFileError(f"{where}: {str(exc).rsplit(': ', 1)[-1]}") from None
 
 
+def _op_efficiency_record(where: str, entry: Any) -> OpEfficiency:
+    if not isinstance(entry, dict):
+        raise DataFileError(f"{where}: must be an object")
+    check_keys(where, entry, ("compute_scale", "memory_scale", "launch_overhead_s", "source"))
+    scales = entry["compute_scale"]
+    if not isinstance(scales, dict):
+        raise DataFileError(f"{where}: compute_scale must map efficiency classes to factors")
+    known = efficiency_classes()
+    for cls in scales:
+        if cls not in known:
+            raise DataFileError(f"{where}: compute_scale.{cls}: unknown efficiency class "
+                                f"(valid: {', '.join(known)})")
+    out = {str(cls): number(f"{where}.compute_scale", str(cls), k) for cls, k in scales.items()}
+    memory = number(where, "memory_scale", entry["memory_scale"])
+    for name, k in [*out.items(), ("memory_scale", memory)]:
+        if not SCALE_RANGE[0] <= k <= SCALE_RANGE[1]:
+            raise DataFileError(f"{where}: {name}={k} must be in [{SCALE_RANGE[0]:g}, "
+                                f"{SCALE_RANGE[1]:g}]")
+    overhead = entry["launch_overhead_s"]
+    if overhead is not None:
+        overhead = number(where, "launch_overhead_s", overhead, positive=False)
+        if not 0 <= overhead <= MAX_OVERHEAD_S:
+            raise DataFileError(f"{where}: launch_overhead_s={overhead} must be in "
+                                f"[0, {MAX_OVERHEAD_S}]")
+    return OpEfficiency(compute_scale=out, memory_scale=memory, launch_overhead_s=overhead)
+
+
 def load_calibration(path: str | Path) -> Calibration:
     """Read and check a calibration file; errors name the file and the field."""
     p = Path(path)
@@ -98,12 +142,13 @@ def load_calibration(path: str | Path) -> Calibration:
     if not isinstance(data, dict) or data.get(FORMAT_KEY) != FORMAT_VERSION:
         raise DataFileError(f"{p}: not a trainsim calibration file (needs "
                             f'"{FORMAT_KEY}": {FORMAT_VERSION})')
-    check_keys(str(p), data, (FORMAT_KEY,), ("clock_scaling", "power", "gemm_efficiency"))
+    check_keys(str(p), data, (FORMAT_KEY,), SECTIONS)
     scalings: dict[str, ClockScaling] = {}
     powers: dict[str, PowerModel] = {}
     gemm: dict[str, float] = {}
+    op_eff: dict[str, OpEfficiency] = {}
     sources: dict[str, str] = {}
-    for section in ("clock_scaling", "power", "gemm_efficiency"):
+    for section in SECTIONS:
         records = data.get(section, {})
         if not isinstance(records, dict):
             raise DataFileError(f"{p}: {section} must be an object of GPU name -> record")
@@ -114,6 +159,8 @@ def load_calibration(path: str | Path) -> Calibration:
                 scalings[gpu_name] = parse_clock_scaling(where, entry)
             elif section == "power":
                 powers[gpu_name] = _power_record(where, gpu_name, entry)
+            elif section == "op_efficiency":
+                op_eff[gpu_name] = _op_efficiency_record(where, entry)
             else:
                 if not isinstance(entry, dict):
                     raise DataFileError(f"{where}: must be an object")
@@ -123,4 +170,4 @@ def load_calibration(path: str | Path) -> Calibration:
                     raise DataFileError(f"{where}: scale={scale} must be in [0.2, 5]")
                 gemm[gpu_name] = scale
             sources[f"{section}.{gpu_name}"] = str(entry.get("source", ""))
-    return Calibration(scalings, powers, sources, gemm)
+    return Calibration(scalings, powers, sources, gemm, op_eff)

@@ -125,6 +125,13 @@ class _Curve:
         """Vectorised lookup with numpy.interp (x > 0)."""
         return np.asarray(np.interp(np.log10(x), self.log_x, self.y))
 
+    def scaled(self, factor: float) -> _Curve:
+        """The curve with every efficiency times `factor`, capped at 1 (the peak)."""
+        if factor == 1.0:
+            return self
+        return _Curve("scaled curve", [[10.0 ** x, min(1.0, y * factor)]
+                                       for x, y in zip(self._xs, self._ys, strict=True)])
+
 
 @cache
 def _efficiency_data() -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[str, Any]]:
@@ -158,12 +165,32 @@ def _curves_for(gpu_name: str) -> tuple[dict[str, _Curve], _Curve, float]:
     return compute, _Curve(f"{where}: memory", raw["memory"]), float(raw["launch_overhead_s"])
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpEfficiency:
+    """Per-GPU corrections of the roofline fitted to measured op times (`sim calibrate ops`):
+    a factor on the achieved compute fraction of each efficiency class, one on the achieved
+    memory bandwidth (both capped at the peak), and the launch overhead replacing the
+    catalog's."""
+
+    compute_scale: dict[str, float]
+    """Efficiency class (``gemm``, ``batched_gemm``, ``elementwise``, ...) -> factor."""
+    memory_scale: float = 1.0
+    launch_overhead_s: float | None = None
+    """None keeps the catalog's overhead."""
+
+
+def efficiency_classes() -> list[str]:
+    """The efficiency classes op kinds map to (data/efficiency.json), sorted."""
+    return sorted(set(_efficiency_data()[0].values()))
+
+
 class RooflineCostModel:
     """Roofline × efficiency curves + launch overhead, with DVFS and power (module docstring)."""
 
     def __init__(self, clock_scalings: dict[str, ClockScaling] | None = None,
                  power_models: dict[str, PowerModel] | None = None,
-                 gemm_efficiency_scales: dict[str, float] | None = None) -> None:
+                 gemm_efficiency_scales: dict[str, float] | None = None,
+                 op_efficiency: dict[str, OpEfficiency] | None = None) -> None:
         """Load the efficiency data (shared, cached) and prepare per-GPU lookups lazily.
 
         Args:
@@ -173,11 +200,14 @@ class RooflineCostModel:
             gemm_efficiency_scales: per GPU name, a factor on the achieved fraction of tensor
                 peak of GEMM-class ops (a calibration of the efficiency plateau to a stack's
                 measured runs; the result is capped at 1).
+            op_efficiency: per GPU name, per-class corrections fitted to measured op times
+                (`OpEfficiency`).
         """
         self._kind_class, self._class_peak, _, _ = _efficiency_data()
         self._clock_overrides = dict(clock_scalings or {})
         self._power_overrides = dict(power_models or {})
         self._gemm_scales = dict(gemm_efficiency_scales or {})
+        self._op_eff = dict(op_efficiency or {})
         self._per_gpu: dict[str, tuple[dict[str, _Curve], _Curve, float, PowerModel,
                                        ClockScaling]] = {}
 
@@ -186,6 +216,13 @@ class RooflineCostModel:
         entry = self._per_gpu.get(gpu.name)
         if entry is None:
             compute, memory, overhead = _curves_for(gpu.name)
+            fitted = self._op_eff.get(gpu.name)
+            if fitted is not None:
+                compute = {cls: curve.scaled(fitted.compute_scale.get(cls, 1.0))
+                           for cls, curve in compute.items()}
+                memory = memory.scaled(fitted.memory_scale)
+                if fitted.launch_overhead_s is not None:
+                    overhead = fitted.launch_overhead_s
             scaling = self._clock_overrides.get(gpu.name) or clock_scaling(gpu.name)
             power = self._power_overrides.get(gpu.name) or power_model(gpu)
             entry = (compute, memory, overhead, power, scaling)
