@@ -239,6 +239,15 @@ def _micro_batch_size(run: PublishedRun, framework: str, pp: int, notes: list[st
     return given
 
 
+def _default_virtual_stages(run: PublishedRun, framework: str, pp: int) -> int:
+    """Model chunks per pipeline rank for a row that leaves them empty: the framework's
+    default for interleaved schedules where the row names one (the schema has no schedule
+    column; the run's name or notes say "interleaved"), else 1."""
+    named = "interleaved" in f"{run.name} {run.cells.get('notes', '')}".lower()
+    default = int(get_framework(framework).interleaved_virtual_stages.value)
+    return default if pp > 1 and named and default > 1 else 1
+
+
 def express(run: PublishedRun) -> Expressed | NotExpressible:
     """Model, cluster and plan of a row, or the reason trainsim cannot express it yet."""
     def no(reason: str) -> NotExpressible:
@@ -277,7 +286,8 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
     except TrainsimError as exc:
         return no(f"cluster refused: {exc}")
     tp, pp = run.integer("tp") or 1, run.integer("pp") or 1
-    virtual = int(_default(run, "virtual_stages", 1, notes, matters=pp > 1))
+    virtual = int(_default(run, "virtual_stages", _default_virtual_stages(run, framework, pp),
+                           notes, matters=pp > 1))
     fields: dict[str, Any] = {
         "tp": tp, "pp": pp, "dp": run.integer("dp"),
         "global_batch": global_batch, "seq_len": run.integer("seq"), "dtype": dtype,

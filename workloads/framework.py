@@ -31,7 +31,8 @@ _FILE = "data/frameworks.yaml"
 _WHERE = f"workloads/{_FILE}"
 DEFAULT_FRAMEWORK = "default"
 PROFILE_FIELDS = ("description", "attention", "fusions", "sequence_parallel",
-                  "pipeline_microbatches", "selective_recompute", "loss_workspace")
+                  "pipeline_microbatches", "selective_recompute", "loss_workspace",
+                  "interleaved_virtual_stages")
 """Keys a profile in frameworks.yaml may have."""
 FUSIONS = ("masked_softmax", "bias_gelu", "bias_dropout_add", "layernorm")
 """Fused kernels a profile may record (Megatron-LM's --no-*-fusion flags and fused layernorm)."""
@@ -59,6 +60,10 @@ class FrameworkProfile:
         value=False, source="assumed: off unless the profile says otherwise"))
     """Whether the stack shards the norms' and dropouts' activations over the tensor-parallel
     group (Korthikanti et al. 2022) by default when tp > 1 (`ParallelPlan.sp`)."""
+    interleaved_virtual_stages: Sourced = field(default_factory=lambda: Sourced(
+        value=0, source="assumed: unknown (the run must state it)"))
+    """Model chunks per pipeline rank an interleaved schedule gets when the run does not say
+    (0: no default)."""
     selective_recompute: Sourced = field(default_factory=lambda: Sourced(
         value="megatron", source="assumed: Megatron-LM's attention-core policy"))
     """What the stack's "selective" activation checkpointing drops (`ModelSpec.selective_policy`)."""
@@ -83,7 +88,8 @@ def _sourced(where: str, raw: object, check: tuple[Any, ...] | type) -> Sourced:
     value = raw["value"]
     if isinstance(check, tuple):
         if value not in check:
-            raise DataFileError(f"{where}.value={value!r} is not one of {', '.join(check)}")
+            raise DataFileError(f"{where}.value={value!r} is not one of "
+                                f"{', '.join(map(str, check))}")
     elif not isinstance(value, check):
         raise DataFileError(f"{where}.value={value!r} must be a {check.__name__}")
     return Sourced(value=value, source=source)
@@ -141,7 +147,11 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
                                                 raw["selective_recompute"], SELECTIVE_POLICIES)}
                if "selective_recompute" in raw else {}),
             **({"loss_workspace": _workspace(f"{at}.loss_workspace", raw["loss_workspace"])}
-               if "loss_workspace" in raw else {}))
+               if "loss_workspace" in raw else {}),
+            **({"interleaved_virtual_stages": _sourced(
+                f"{at}.interleaved_virtual_stages", raw["interleaved_virtual_stages"],
+                (2, 3, 4, 5, 6, 7, 8))}
+               if "interleaved_virtual_stages" in raw else {}))
     if DEFAULT_FRAMEWORK not in out:
         raise DataFileError(f"{where}: profiles misses the '{DEFAULT_FRAMEWORK}' profile")
     return out

@@ -231,3 +231,19 @@ def test_torchtitan_local_batch_is_split_over_the_pipeline() -> None:
     stated = pr.express(run_of(framework="megatron", pp="2", dp="1", micro_batch="8",
                                global_batch="8", zero="0"))
     assert isinstance(stated, pr.Expressed) and stated.plan.micro_batch_size == 8
+
+
+def test_interleaved_row_without_virtual_stages_takes_the_frameworks_default() -> None:
+    """torchtitan builds two model chunks per rank for multi-stage schedules unless told
+    (generate_split_points); a row that names the interleaved schedule but leaves the virtual
+    stages empty gets them, noted; a 1F1B row and a stack without a default keep one."""
+    named = pr.express(run_of(framework="torchtitan", pp="2", dp="1", layers="4", zero="0",
+                              name="tiny interleaved", notes="Interleaved 1F1B"))
+    assert isinstance(named, pr.Expressed), named
+    assert (named.plan.schedule, named.plan.virtual_stages) == ("interleaved", 2)
+    assert "virtual_stages not stated: 2" in named.assumptions
+    plain = pr.express(run_of(framework="torchtitan", pp="2", dp="1", layers="4", zero="0"))
+    assert isinstance(plain, pr.Expressed) and plain.plan.virtual_stages == 1
+    megatron = pr.express(run_of(framework="megatron", pp="2", dp="1", layers="4", zero="0",
+                                 notes="Interleaved 1F1B"))
+    assert isinstance(megatron, pr.Expressed) and megatron.plan.virtual_stages == 1
