@@ -45,6 +45,7 @@ from trainsim.simulator.result import SimResult
 from trainsim.validate.compare import Comparison, compare
 from trainsim.validate.cpu_hardware import cpu_cluster
 from trainsim.validate.devices import backend_for
+from trainsim.validate.kineto_ops import kineto_profile
 from trainsim.validate.profile_db import ProfileDB
 from trainsim.validate.profiled_cost import ProfiledCostModel, load_cost_model
 from trainsim.validate.profiler import run_profile
@@ -53,6 +54,7 @@ from trainsim.validate.published_runs import default_csv_path as published_runs_
 from trainsim.validate.published_runs import evaluate as _evaluate_runs
 from trainsim.validate.roofline_fit import OpFit, fit_op_efficiency
 from trainsim.validate.small_models import get_validation_model, list_validation_models
+from trainsim.validate.trace_import import read_json
 from trainsim.validate.trace_record import MeasuredTrace, import_kineto, parse_plan
 from trainsim.validate.trace_record import record_trace as _record_trace
 from trainsim.workloads.framework import apply_framework, get_framework
@@ -323,9 +325,15 @@ def calibrate_dvfs(perseus_dir: str | Path, *,
 def calibrate_ops(profile: str | Path | ProfileDB, gpu: str, dtype: str = "fp16"
                   ) -> tuple[OpFit, Calibration]:
     """Fit the roofline's per-class efficiency factors and launch overhead of catalog GPU
-    `gpu` to a profile's measured op times (`sim calibrate ops`); the calibration file carries
-    them as `op_efficiency`."""
-    db = profile if isinstance(profile, ProfileDB) else ProfileDB.load(profile)
+    `gpu` to measured op times (`sim calibrate ops`): a `sim profile` CSV, or a PyTorch
+    profiler (Kineto) trace ``.json`` recorded with shapes. The calibration file carries them
+    as `op_efficiency`."""
+    if isinstance(profile, ProfileDB):
+        db = profile
+    elif str(profile).endswith(".json"):
+        db = kineto_profile(read_json(profile), str(profile))
+    else:
+        db = ProfileDB.load(profile)
     spec = get_gpu(gpu)
     if dtype not in spec.dtypes:
         raise SpecError(f"--dtype {dtype}: {spec.name} runs {', '.join(spec.dtypes)}")

@@ -74,7 +74,9 @@ def dvfs_command(
 @user_errors
 def ops_command(
     profile: Path = typer.Argument(..., help="Measured op times: a `sim profile` CSV (e.g. "
-                                   "recorded with --device cuda on the GPU named by --gpu)."),
+                                   "recorded with --device cuda on the GPU named by --gpu), or "
+                                   "a PyTorch profiler (Kineto) trace .json recorded with "
+                                   "record_shapes=True."),
     gpu: str = typer.Option(..., "--gpu", help="Catalog GPU the profile was measured on."),
     dtype: str = typer.Option("fp16", "--dtype", help="Precision the profile's GEMMs ran in."),
     out: Path = typer.Option(Path("calibration.json"), "--out", help="Calibration file."),
@@ -84,6 +86,8 @@ def ops_command(
     its memory-bandwidth factor and the launch overhead of one GPU to a profile's measured op
     times; print the op-time error before and after, and on held-out rows."""
     check_new_file(out, force, "--out")
+    if not profile.is_file():
+        raise SpecError(f"{profile}: no such file (a sim profile CSV or a Kineto trace .json)")
     fit, cal = api.calibrate_ops(profile, gpu, dtype)
     rows = [[c.cls, str(c.rows), f"{c.factor:.3f}", f"{c.mape_before:.1%}",
              f"{c.mape_after:.1%}"] for c in fit.classes]

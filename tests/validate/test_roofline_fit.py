@@ -114,3 +114,86 @@ def test_bad_op_efficiency_records_name_the_field(tmp_path: Path, record: dict,
     with pytest.raises(DataFileError, match=message) as info:
         load_calibration(path)
     assert "\n" not in str(info.value)
+
+
+def _kineto_trace(truth: OpEfficiency) -> dict:
+    """A GPU Kineto trace as torch.profiler writes it (cpu_op spans with Input Dims / Input
+    type, kernel spans linked by External id) whose kernel times a `truth` roofline gives."""
+    model = RooflineCostModel(op_efficiency={GPU.name: truth})
+    events: list[dict] = []
+    ext = 0
+    bf16 = "c10::BFloat16"
+    for n in (128, 256, 512, 1024, 2048, 4096, 8192):
+        ops = [("aten::mm", [[n, 1024], [1024, n]], [bf16, bf16], "matmul",
+                2.0 * n * n * 1024, 2.0 * (2 * n * 1024 + n * n)),
+               ("aten::bmm", [[16, n, 64], [16, 64, n]], [bf16, bf16], "attention_score",
+                2.0 * 16 * n * n * 64, 2.0 * 16 * (2 * n * 64 + n * n)),
+               ("aten::native_layer_norm", [[n, 1024], [], [1024], [1024], []],
+                [bf16, "ScalarList", bf16, bf16, "Scalar"], "layernorm", 8.0 * n * 1024,
+                2.0 * (2 * n * 1024 + 2 * 1024))]
+        for name, dims, types, kind, flops, moved in ops:
+            for repeat in range(3):  # repeats merge into one row at their median
+                ext += 1
+                us = model.estimate(kind, flops, moved, GPU).time_s * 1e6 * (1 + 0.01 * repeat)
+                events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1,
+                               "ts": ext * 100.0, "dur": 5.0,
+                               "args": {"External id": ext, "Input Dims": dims,
+                                        "Input type": types}})
+                events.append({"ph": "X", "cat": "kernel", "name": "some_kernel", "pid": 0,
+                               "tid": 7, "ts": ext * 100.0 + 1, "dur": us,
+                               "args": {"External id": ext}})
+    return {"traceEvents": events}
+
+
+def test_kineto_trace_rows_and_fit() -> None:
+    """Kernel times are summed per aten op (not the CPU span), shapes give the zoo's FLOPs and
+    bytes, repeats merge, and the fit recovers the factors that made the times."""
+    from trainsim.validate.kineto_ops import kineto_profile
+
+    db = kineto_profile(_kineto_trace(TRUE))
+    assert db.meta["device"] == "cuda"
+    assert {r.kind for r in db.rows} == {"matmul", "attention_score", "layernorm"}
+    assert all(r.repeats == 3 for r in db.rows) and len(db.rows) == 21
+    mm = next(r for r in db.rows if r.kind == "matmul" and r.shape == (512, 512, 1024))
+    assert mm.flops == 2.0 * 512 * 512 * 1024
+    assert mm.bytes_moved == 2.0 * (2 * 512 * 1024 + 512 * 512)
+    fit = fit_op_efficiency(db, GPU)
+    assert fit.efficiency.compute_scale["gemm"] == pytest.approx(0.8, rel=0.05)
+    assert fit.efficiency.memory_scale == pytest.approx(0.7, rel=0.05)
+
+
+def test_a_real_cpu_profiler_trace_is_read(tmp_path: Path) -> None:
+    """torch.profiler's own export (CPU: no kernels, so op spans time the ops)."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainsim.validate.kineto_ops import kineto_profile
+    from trainsim.validate.trace_import import read_json
+
+    a, b, bias = torch.randn(64, 128), torch.randn(128, 32), torch.randn(32)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(2):
+            torch.mm(a, b)
+            torch.addmm(bias, a, b)
+            torch.bmm(torch.randn(4, 16, 8), torch.randn(4, 8, 16))
+    path = tmp_path / "cpu.json"
+    prof.export_chrome_trace(str(path))
+    db = kineto_profile(read_json(path), str(path))
+    assert db.meta["device"] == "cpu"
+    shapes = {(r.kind, r.shape): r for r in db.rows}
+    assert shapes[("matmul", (64, 32, 128))].flops == 2.0 * 64 * 32 * 128
+    assert shapes[("attention_score", (4, 16, 16, 8))].flops == 2.0 * 4 * 16 * 16 * 8
+    assert all(r.time_s > 0 for r in db.rows)
+
+
+def test_a_trace_without_shapes_is_one_clear_line(tmp_path: Path, sim) -> None:
+    path = tmp_path / "noshapes.json"
+    path.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5, "pid": 1,
+         "tid": 1, "args": {}}]}), encoding="utf-8")
+    code, _, stderr = sim(["calibrate", "ops", str(path), "--gpu", GPU.name, "--out",
+                           str(tmp_path / "c.json")])
+    assert code == 2 and "record_shapes=True" in stderr
+    code, _, stderr = sim(["calibrate", "ops", str(tmp_path / "missing.csv"), "--gpu",
+                           GPU.name, "--out", str(tmp_path / "c.json")])
+    assert code == 2 and "no such file" in stderr
