@@ -239,6 +239,17 @@ def _micro_batch_size(run: PublishedRun, framework: str, pp: int, notes: list[st
     return given
 
 
+def _compiled(run: PublishedRun, framework: str, notes: list[str]) -> str:
+    """The framework's torch.compile profile ("<name>-compile") where the row's name or notes
+    say the run was compiled (the schema has no compile column), else `framework`."""
+    variant = f"{framework}-compile"
+    said = "compile" in f"{run.name} {run.cells.get('notes', '')}".lower()
+    if said and not framework.endswith("-compile") and variant in list_frameworks():
+        notes.append(f"torch.compile named: profile {variant}")
+        return variant
+    return framework
+
+
 def _default_virtual_stages(run: PublishedRun, framework: str, pp: int) -> int:
     """Model chunks per pipeline rank for a row that leaves them empty: the framework's
     default for interleaved schedules where the row names one (the schema has no schedule
@@ -272,6 +283,7 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
     if framework not in list_frameworks():
         return no(f"framework {run.text('framework')!r} has no profile "
                   f"(known: {', '.join(list_frameworks())})")
+    framework = _compiled(run, framework, notes)
     model = _model(run, dtype, notes)
     if isinstance(model, str):
         return no(model)

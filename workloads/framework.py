@@ -32,7 +32,7 @@ _WHERE = f"workloads/{_FILE}"
 DEFAULT_FRAMEWORK = "default"
 PROFILE_FIELDS = ("description", "attention", "fusions", "sequence_parallel",
                   "pipeline_microbatches", "selective_recompute", "loss_workspace",
-                  "interleaved_virtual_stages")
+                  "interleaved_virtual_stages", "unfused_traffic")
 """Keys a profile in frameworks.yaml may have."""
 FUSIONS = ("masked_softmax", "bias_gelu", "bias_dropout_add", "layernorm")
 """Fused kernels a profile may record (Megatron-LM's --no-*-fusion flags and fused layernorm)."""
@@ -60,6 +60,10 @@ class FrameworkProfile:
         value=False, source="assumed: off unless the profile says otherwise"))
     """Whether the stack shards the norms' and dropouts' activations over the tensor-parallel
     group (Korthikanti et al. 2022) by default when tp > 1 (`ParallelPlan.sp`)."""
+    unfused_traffic: Sourced = field(default_factory=lambda: Sourced(
+        value={}, source="assumed: the graph's fused kernels"))
+    """Op kind (or name suffix) -> memory traffic of the stack's eager kernels relative to the
+    fused one (`ModelSpec.unfused_traffic`)."""
     interleaved_virtual_stages: Sourced = field(default_factory=lambda: Sourced(
         value=0, source="assumed: unknown (the run must state it)"))
     """Model chunks per pipeline rank an interleaved schedule gets when the run does not say
@@ -105,6 +109,17 @@ def _workspace(where: str, raw: object) -> Sourced:
     return Sourced(value=float(entry.value), source=entry.source)
 
 
+def _traffic(where: str, raw: object) -> Sourced:
+    """Op kind or name suffix -> factor in [1, 64]."""
+    entry = _sourced(where, raw, object)
+    value = entry.value
+    if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and 1 <= v <= 64 for k, v in value.items()):
+        raise DataFileError(f"{where}.value must map op kinds to factors in [1, 64]")
+    return Sourced(value={str(k): float(v) for k, v in value.items()}, source=entry.source)
+
+
 def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProfile]:
     """Validate a frameworks.yaml document; errors are one line naming the field."""
     if not isinstance(data, Mapping) or set(data) != {"profiles"}:
@@ -148,6 +163,8 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
                if "selective_recompute" in raw else {}),
             **({"loss_workspace": _workspace(f"{at}.loss_workspace", raw["loss_workspace"])}
                if "loss_workspace" in raw else {}),
+            **({"unfused_traffic": _traffic(f"{at}.unfused_traffic", raw["unfused_traffic"])}
+               if "unfused_traffic" in raw else {}),
             **({"interleaved_virtual_stages": _sourced(
                 f"{at}.interleaved_virtual_stages", raw["interleaved_virtual_stages"],
                 (2, 3, 4, 5, 6, 7, 8))}
@@ -197,7 +214,8 @@ def apply_framework(spec: ModelSpec, framework: str | None = None,
         profile = get_framework(framework)
         changes = {"attention": str(profile.attention.value),
                    "selective_policy": str(profile.selective_recompute.value),
-                   "loss_workspace_bytes": float(profile.loss_workspace.value)}
+                   "loss_workspace_bytes": float(profile.loss_workspace.value),
+                   "unfused_traffic": tuple(sorted(profile.unfused_traffic.value.items()))}
     if attention is not None:
         changes["attention"] = attention
     changes = {k: v for k, v in changes.items() if getattr(spec, k) != v}

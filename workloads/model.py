@@ -12,6 +12,7 @@ builders need `ModelSpec` only as a type, so they import layer.py and this modul
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -21,7 +22,7 @@ from trainsim.workloads.gpt import build_gpt
 from trainsim.workloads.layer import TOKEN_ID_BYTES, Layer, LayerCosts
 from trainsim.workloads.llama import build_llama
 from trainsim.workloads.moe import build_moe
-from trainsim.workloads.ops import RECOMPUTE_POLICIES
+from trainsim.workloads.ops import RECOMPUTE_POLICIES, Op
 from trainsim.workloads.t5 import build_t5
 from trainsim.workloads.wide_resnet import build_wide_resnet
 
@@ -101,6 +102,10 @@ class ModelSpec:
     loss_workspace_bytes: float = 0.0
     """Bytes per logit the loss's backward holds beyond the saved fp32 logits (the stack's
     cross-entropy implementation; workloads/data/frameworks.yaml). 0: not modelled."""
+    unfused_traffic: tuple[tuple[str, float], ...] = ()
+    """Memory traffic of ops an eager stack runs as several kernels, relative to the one fused
+    kernel the graph models: (op kind, or the last part of an op's name, factor). A framework
+    profile sets it (`unfused_traffic` in workloads/data/frameworks.yaml)."""
     type_vocab_size: int = 0
     """BERT token-type embeddings (2 for BERT)."""
     pooler: bool = False
@@ -146,6 +151,8 @@ class ModelSpec:
             raise bad("selective_policy", f"is not one of {', '.join(SELECTIVE_POLICIES)}")
         if not 0 <= self.loss_workspace_bytes < 64:
             raise bad("loss_workspace_bytes", "must be in [0, 64) bytes per logit")
+        if any(not 1 <= k <= 64 for _, k in self.unfused_traffic):
+            raise bad("unfused_traffic", "factors must be in [1, 64]")
         if not isinstance(self.context_parallel, int) or self.context_parallel < 1:
             raise bad("context_parallel", "must be an integer >= 1")
         if self.family == "wresnet":
@@ -367,7 +374,20 @@ def build_graph(spec: ModelSpec, micro_batch_size: int = 1, seq_len: int | None 
         return ModelGraph(spec=spec, micro_batch_size=micro_batch_size, seq_len=1, layers=layers)
     s = spec.seq_len if seq_len is None else seq_len
     layers = builder(spec, micro_batch_size, s)
+    if spec.unfused_traffic:
+        layers = tuple(_unfused(layer, dict(spec.unfused_traffic)) for layer in layers)
     return ModelGraph(spec=spec, micro_batch_size=micro_batch_size, seq_len=s, layers=layers)
+
+
+def _unfused(layer: Layer, factors: dict[str, float]) -> Layer:
+    """`layer` with the memory traffic of the ops an eager stack splits into several kernels
+    scaled (`ModelSpec.unfused_traffic`); FLOPs and saved activations are unchanged."""
+    def scaled(op: Op) -> Op:
+        k = factors.get(op.kind, factors.get(op.name.rsplit(".", 1)[-1], 1.0))
+        if k == 1.0:
+            return op
+        return dataclasses.replace(op, fwd_bytes=op.fwd_bytes * k, bwd_bytes=op.bwd_bytes * k)
+    return dataclasses.replace(layer, ops=tuple(scaled(op) for op in layer.ops))
 
 
 _BUILDERS: dict[str, Callable[..., tuple[Layer, ...]]] = {

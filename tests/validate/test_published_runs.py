@@ -247,3 +247,12 @@ def test_interleaved_row_without_virtual_stages_takes_the_frameworks_default() -
     megatron = pr.express(run_of(framework="megatron", pp="2", dp="1", layers="4", zero="0",
                                  notes="Interleaved 1F1B"))
     assert isinstance(megatron, pr.Expressed) and megatron.plan.virtual_stages == 1
+
+
+def test_a_row_that_says_torch_compile_runs_the_compiled_profile() -> None:
+    compiled = pr.express(run_of(framework="torchtitan", notes="FSDP + torch.compile"))
+    assert isinstance(compiled, pr.Expressed), compiled
+    assert compiled.model.unfused_traffic == ()
+    assert "torch.compile named: profile torchtitan-compile" in compiled.assumptions
+    eager = pr.express(run_of(framework="torchtitan", notes="FSDP, eager"))
+    assert isinstance(eager, pr.Expressed) and dict(eager.model.unfused_traffic)["rmsnorm"] == 9

@@ -147,3 +147,35 @@ def test_memory_never_goes_negative_with_a_workspace_and_no_recompute() -> None:
     first = timeline.groupby("rank")["bytes"].first()
     last = timeline.groupby("rank")["bytes"].last()
     assert (last - first).abs().max() < 1.0
+
+
+def test_eager_torchtitan_moves_more_bytes_in_its_unfused_element_wise_ops() -> None:
+    """torchtitan eager runs RMSNorm as six kernels (9x the fused traffic), rotary as three
+    (6x), SwiGLU as two (5/3); torch.compile fuses them back. FLOPs and saved activations do
+    not change, and the simulated step is slower eager than compiled."""
+    eager = apply_framework(SMALL, "torchtitan")
+    compiled = apply_framework(SMALL, "torchtitan-compile")
+    assert compiled.unfused_traffic == () and compiled.selective_policy == "op"
+    fused_ops = {op.name: op for op in build_graph(compiled, 1, 1024).layers[1].ops}
+    eager_ops = {op.name: op for op in build_graph(eager, 1, 1024).layers[1].ops}
+    for name, factor in (("attn.norm", 9.0), ("attn.rotary", 6.0), ("mlp.swiglu", 1.6667),
+                         ("attn.residual", 1.0), ("attn.qkv", 1.0)):
+        assert eager_ops[name].fwd_bytes == pytest.approx(factor * fused_ops[name].fwd_bytes)
+        assert eager_ops[name].bwd_bytes == pytest.approx(factor * fused_ops[name].bwd_bytes)
+        assert eager_ops[name].fwd_flops == fused_ops[name].fwd_flops
+        assert eager_ops[name].activation_bytes == fused_ops[name].activation_bytes
+    kwargs: dict[str, Any] = {"dp": 1, "tp": 1, "pp": 1, "micro_batch_size": 1,
+                              "global_batch": 1, "seq_len": 1024, "dtype": "bf16"}
+    slow = api.simulate(SMALL, "1xA100-SXM4-80GB", framework="torchtitan", **kwargs)
+    fast = api.simulate(SMALL, "1xA100-SXM4-80GB", framework="torchtitan-compile", **kwargs)
+    assert slow.iteration_time_s > fast.iteration_time_s
+    assert slow.peak_memory_bytes == pytest.approx(fast.peak_memory_bytes)
+
+
+def test_bad_unfused_traffic_is_one_line() -> None:
+    data = {"profiles": {"default": {"attention": {"value": "flash", "source": "x"},
+                                     "unfused_traffic": {"value": {"rmsnorm": 0.5},
+                                                         "source": "x"}}}}
+    with pytest.raises(DataFileError, match="unfused_traffic.value must map op kinds to "
+                                            "factors in"):
+        parse_profiles(data, where="frameworks.yaml")
