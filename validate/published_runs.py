@@ -312,7 +312,10 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
         # `selective` (torchtitan's "selective layer" / "selective op", SOURCES.md) maps to
         # the plan's selective policy: Megatron's attention-core recompute, the closest one.
         "recompute": _default(run, "recompute", "none", notes),
-        "zero": int(_default(run, "zero", 0, notes)),  # 3: FSDP / ZeRO-3
+        # 3: FSDP / ZeRO-3; empty: 1 where the stack shards optimizer state by default
+        "zero": int(_default(run, "zero",
+                             int(bool(get_framework(framework).distributed_optimizer.value)),
+                             notes)),
         "schedule": "interleaved" if virtual > 1 else "1f1b", "virtual_stages": virtual,
     }
     if "cp" in plan_fields:

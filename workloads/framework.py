@@ -25,14 +25,20 @@ from typing import Any
 
 from trainsim.errors import DataFileError, SpecError, unknown_name
 from trainsim.workloads.data_files import read_data_yaml
-from trainsim.workloads.model import ATTENTION_KERNELS, SELECTIVE_POLICIES, ModelSpec
+from trainsim.workloads.model import (
+    ATTENTION_KERNELS,
+    FP8_RECIPES,
+    SELECTIVE_POLICIES,
+    ModelSpec,
+)
 
 _FILE = "data/frameworks.yaml"
 _WHERE = f"workloads/{_FILE}"
 DEFAULT_FRAMEWORK = "default"
 PROFILE_FIELDS = ("description", "attention", "fusions", "sequence_parallel",
                   "pipeline_microbatches", "selective_recompute", "loss_workspace",
-                  "interleaved_virtual_stages", "unfused_traffic")
+                  "interleaved_virtual_stages", "unfused_traffic", "fp8_recipe",
+                  "distributed_optimizer")
 """Keys a profile in frameworks.yaml may have."""
 FUSIONS = ("masked_softmax", "bias_gelu", "bias_dropout_add", "layernorm")
 """Fused kernels a profile may record (Megatron-LM's --no-*-fusion flags and fused layernorm)."""
@@ -60,6 +66,13 @@ class FrameworkProfile:
         value=False, source="assumed: off unless the profile says otherwise"))
     """Whether the stack shards the norms' and dropouts' activations over the tensor-parallel
     group (Korthikanti et al. 2022) by default when tp > 1 (`ParallelPlan.sp`)."""
+    distributed_optimizer: Sourced = field(default_factory=lambda: Sourced(
+        value=False, source="assumed: off unless the profile says otherwise"))
+    """Whether the stack shards optimizer state over data-parallel ranks by default (Megatron's
+    distributed optimizer, ZeRO-1: `ParallelPlan.zero` 1)."""
+    fp8_recipe: Sourced = field(default_factory=lambda: Sourced(
+        value="dynamic", source="assumed: torchao-style dynamic scaling"))
+    """How the stack's FP8 linear layers cast (`ModelSpec.fp8_recipe`)."""
     unfused_traffic: Sourced = field(default_factory=lambda: Sourced(
         value={}, source="assumed: the graph's fused kernels"))
     """Op kind (or name suffix) -> memory traffic of the stack's eager kernels relative to the
@@ -163,6 +176,11 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
                if "selective_recompute" in raw else {}),
             **({"loss_workspace": _workspace(f"{at}.loss_workspace", raw["loss_workspace"])}
                if "loss_workspace" in raw else {}),
+            **({"distributed_optimizer": _sourced(f"{at}.distributed_optimizer",
+                                                  raw["distributed_optimizer"], bool)}
+               if "distributed_optimizer" in raw else {}),
+            **({"fp8_recipe": _sourced(f"{at}.fp8_recipe", raw["fp8_recipe"], FP8_RECIPES)}
+               if "fp8_recipe" in raw else {}),
             **({"unfused_traffic": _traffic(f"{at}.unfused_traffic", raw["unfused_traffic"])}
                if "unfused_traffic" in raw else {}),
             **({"interleaved_virtual_stages": _sourced(
@@ -215,7 +233,8 @@ def apply_framework(spec: ModelSpec, framework: str | None = None,
         changes = {"attention": str(profile.attention.value),
                    "selective_policy": str(profile.selective_recompute.value),
                    "loss_workspace_bytes": float(profile.loss_workspace.value),
-                   "unfused_traffic": tuple(sorted(profile.unfused_traffic.value.items()))}
+                   "unfused_traffic": tuple(sorted(profile.unfused_traffic.value.items())),
+                   "fp8_recipe": str(profile.fp8_recipe.value)}
     if attention is not None:
         changes["attention"] = attention
     changes = {k: v for k, v in changes.items() if getattr(spec, k) != v}

@@ -40,6 +40,8 @@ ATTENTION_KERNELS = ("flash", "eager")
 (FlashAttention-2, Dao 2023; PyTorch SDPA's flash / memory-efficient backends), or "eager",
 separate QKᵀ, softmax, dropout and PV kernels whose s×s outputs are saved (Korthikanti et al.
 2022). Every modern stack defaults to flash (workloads/data/frameworks.yaml)."""
+FP8_RECIPES = ("dynamic", "delayed")
+"""FP8 scaling recipes: torchao's dynamic tensorwise scaling, Transformer Engine's delayed one."""
 SELECTIVE_POLICIES = ("megatron", "op")
 """What selective recompute drops: Megatron-LM's attention core, or torchtitan's op-level
 policy (`workloads.layer.Layer.op_sac`)."""
@@ -102,6 +104,9 @@ class ModelSpec:
     loss_workspace_bytes: float = 0.0
     """Bytes per logit the loss's backward holds beyond the saved fp32 logits (the stack's
     cross-entropy implementation; workloads/data/frameworks.yaml). 0: not modelled."""
+    fp8_recipe: str = "dynamic"
+    """How FP8 linear layers cast (`FP8_RECIPES`, `Op.fp8_recipe`): "dynamic" (torchao) or
+    "delayed" (Transformer Engine); a framework profile sets it."""
     unfused_traffic: tuple[tuple[str, float], ...] = ()
     """Memory traffic of ops an eager stack runs as several kernels, relative to the one fused
     kernel the graph models: (op kind, or the last part of an op's name, factor). A framework
@@ -151,6 +156,8 @@ class ModelSpec:
             raise bad("selective_policy", f"is not one of {', '.join(SELECTIVE_POLICIES)}")
         if not 0 <= self.loss_workspace_bytes < 64:
             raise bad("loss_workspace_bytes", "must be in [0, 64) bytes per logit")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise bad("fp8_recipe", f"is not one of {', '.join(FP8_RECIPES)}")
         if any(not 1 <= k <= 64 for _, k in self.unfused_traffic):
             raise bad("unfused_traffic", "factors must be in [1, 64]")
         if not isinstance(self.context_parallel, int) or self.context_parallel < 1:
@@ -376,7 +383,21 @@ def build_graph(spec: ModelSpec, micro_batch_size: int = 1, seq_len: int | None 
     layers = builder(spec, micro_batch_size, s)
     if spec.unfused_traffic:
         layers = tuple(_unfused(layer, dict(spec.unfused_traffic)) for layer in layers)
+    if spec.fp8_recipe != "dynamic":
+        layers = tuple(_with_fp8_recipe(layer, spec.fp8_recipe) for layer in layers)
     return ModelGraph(spec=spec, micro_batch_size=micro_batch_size, seq_len=s, layers=layers)
+
+
+def _with_fp8_recipe(layer: Layer, recipe: str) -> Layer:
+    """`layer` with its FP8 GEMMs under `recipe`; a GEMM right after a norm takes its FP8 input
+    from the norm (Transformer Engine's LayerNormLinear)."""
+    ops: list[Op] = []
+    for i, op in enumerate(layer.ops):
+        if op.fp8:
+            after_norm = i > 0 and layer.ops[i - 1].kind in ("layernorm", "rmsnorm")
+            op = dataclasses.replace(op, fp8_recipe=recipe, fp8_input_fused=after_norm)
+        ops.append(op)
+    return dataclasses.replace(layer, ops=tuple(ops))
 
 
 def _unfused(layer: Layer, factors: dict[str, float]) -> Layer:
@@ -395,5 +416,5 @@ _BUILDERS: dict[str, Callable[..., tuple[Layer, ...]]] = {
     "moe": build_moe, "wresnet": build_wide_resnet}
 """Layer builder of each family (FAMILIES)."""
 
-__all__ = ["ACTIVATIONS", "ATTENTION_KERNELS", "DTYPE_BYTES", "FAMILIES", "NORMS", "POSITION_EMBEDDINGS",
+__all__ = ["ACTIVATIONS", "ATTENTION_KERNELS", "DTYPE_BYTES", "FAMILIES", "FP8_RECIPES", "NORMS", "POSITION_EMBEDDINGS",
            "TOKEN_ID_BYTES", "Layer", "LayerCosts", "ModelGraph", "ModelSpec", "build_graph"]

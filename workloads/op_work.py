@@ -77,6 +77,11 @@ FP8_CAST_BYTES_PER_ELEMENT = 5.0
 reads it for the tensor's absolute maximum (2 bytes), then a pass that reads it again, scales
 and writes the FP8 value (2 + 1 bytes) -- torchao's ``hp_tensor_to_float8_dynamic``
 (``tensor_to_scale`` then ``to_float8``); torch.compile may fuse the passes (not modelled)."""
+FP8_CAST_TRANSPOSE_BYTES_PER_ELEMENT = 4.0
+"""Device-memory bytes of one delayed-scaling cast of a BF16 element: Transformer Engine's
+``cast_transpose`` reads it once (2 bytes; the scale comes from the amax history, the new amax
+is reduced in the same pass) and writes the FP8 value and its transpose for the weight
+gradient (1 + 1)."""
 
 
 def op_dtype(op: Op, dtype: str) -> str:
@@ -91,14 +96,29 @@ def op_dtype(op: Op, dtype: str) -> str:
 def fp8_cast_elements(op: Op) -> tuple[float, float, float]:
     """Elements an FP8 linear layer casts to FP8: (forward, input-grad, weight-grad) passes.
 
-    torchao's ``matmul_with_hp_or_float8_args`` saves the BF16 input and weight and casts in
-    every GEMM that needs them: forward casts the input (m·k) and weight (k·n); the input
-    gradient casts the output gradient (m·n) and the weight again; the weight gradient casts the
-    input again (the output gradient's cast is shared)."""
+    "dynamic" (torchao): ``matmul_with_hp_or_float8_args`` saves the BF16 input and weight and
+    casts in every GEMM that needs them: forward casts the input (m·k) and weight (k·n); the
+    input gradient casts the output gradient (m·n) and the weight again; the weight gradient
+    casts the input again (the output gradient's cast is shared).
+
+    "delayed" (Transformer Engine, Megatron-LM's default ``--fp8-recipe``): the forward casts
+    the input unless the norm before it wrote it in FP8 (LayerNormLinear; `Op.fp8_input_fused`),
+    with its transpose for the weight gradient; the backward casts the output gradient (m·n),
+    with its transpose; weights are cast on a step's first micro-batch only and cached
+    (``is_first_microbatch``), which is left out here.
+    """
     if not op.fp8 or op.shape is None or len(op.shape) != 3:
         return 0.0, 0.0, 0.0
     m, n, k = op.shape
+    if op.fp8_recipe == "delayed":
+        return (0.0 if op.fp8_input_fused else float(m * k)), float(m * n), 0.0
     return float(m * k + k * n), float(m * n + k * n), float(m * k)
+
+
+def fp8_cast_bytes(op: Op) -> float:
+    """Device-memory bytes per element of `op`'s FP8 casts under its recipe."""
+    return FP8_CAST_TRANSPOSE_BYTES_PER_ELEMENT if op.fp8_recipe == "delayed" \
+        else FP8_CAST_BYTES_PER_ELEMENT
 
 
 def _op_work(cost_model: Any, gpu: Any, op: Op, flops: float, nbytes: float,
@@ -110,12 +130,13 @@ def _op_work(cost_model: Any, gpu: Any, op: Op, flops: float, nbytes: float,
     return Work(time_s=est.time_s, energy_j=est.time_s * est.power_w)
 
 
-def _cast_work(cost_model: Any, gpu: Any, elements: float, freq_mhz: float | None) -> Work:
+def _cast_work(cost_model: Any, gpu: Any, elements: float, freq_mhz: float | None,
+               bytes_per_element: float = FP8_CAST_BYTES_PER_ELEMENT) -> Work:
     """One FP8 cast kernel over `elements` BF16 elements (memory-bound, `elementwise`)."""
     if elements <= 0:
         return Work()
     est = cost_model.estimate("elementwise", elements * flops_per_element("elementwise"),
-                              elements * FP8_CAST_BYTES_PER_ELEMENT, gpu, freq_mhz, "bf16",
+                              elements * bytes_per_element, gpu, freq_mhz, "bf16",
                               (int(elements),))
     return Work(time_s=est.time_s, energy_j=est.time_s * est.power_w)
 
@@ -144,7 +165,9 @@ def op_pass_work(cost_model: Any, gpu: Any, op: Op, freq_mhz: float | None, dtyp
     cast_f = cast_i = cast_w = Work()
     if dtype == "fp8" and op.fp8:
         ef, ei, ew = fp8_cast_elements(op)
-        cast_f, cast_i, cast_w = (_cast_work(cost_model, gpu, e, freq_mhz) for e in (ef, ei, ew))
+        per = fp8_cast_bytes(op)
+        cast_f, cast_i, cast_w = (_cast_work(cost_model, gpu, e, freq_mhz, per)
+                                  for e in (ef, ei, ew))
         f = f + cast_f
     share = _weight_share(op)
     if share <= 0:

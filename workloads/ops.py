@@ -140,6 +140,14 @@ class Op:
     layer; Transformer Engine's ``te.Linear`` likewise). The attention core, the LM head and
     every non-GEMM op stay in BF16 (op_work.op_pass_work)."""
 
+    fp8_recipe: str = "dynamic"
+    """How an FP8 linear layer's casts run (`workloads.op_work.fp8_cast_elements`): "dynamic"
+    (torchao's tensorwise dynamic scaling) or "delayed" (Transformer Engine's delayed scaling,
+    fused casts); set from `ModelSpec.fp8_recipe` when the graph is built."""
+    fp8_input_fused: bool = False
+    """Under "delayed": the norm before this GEMM writes its FP8 input itself (Transformer
+    Engine's LayerNormLinear), so no cast pass reads it."""
+
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
             raise ValueError(f"Op {self.name!r}: kind={self.kind!r} is not one of {sorted(OP_KINDS)}")

@@ -104,7 +104,8 @@ def test_interleaved_and_gpt_shape_and_assumptions() -> None:
                                   recompute="", zero="", framework="nemo", layers="4"))
     assert isinstance(expressed, pr.Expressed)
     assert expressed.model.family == "gpt" and expressed.model.vocab_size > 0
-    assert expressed.plan.zero == 0 and expressed.plan.recompute == "none"
+    # NeMo's recipes shard optimizer state (distributed optimizer): an empty zero cell is 1
+    assert expressed.plan.zero == 1 and expressed.plan.recompute == "none"
     notes = " ".join(expressed.assumptions)
     for field in ("vocab", "virtual_stages", "recompute", "zero"):
         assert f"{field} not stated" in notes
@@ -256,3 +257,11 @@ def test_a_row_that_says_torch_compile_runs_the_compiled_profile() -> None:
     assert "torch.compile named: profile torchtitan-compile" in compiled.assumptions
     eager = pr.express(run_of(framework="torchtitan", notes="FSDP, eager"))
     assert isinstance(eager, pr.Expressed) and dict(eager.model.unfused_traffic)["rmsnorm"] == 9
+
+
+def test_an_empty_zero_cell_takes_the_frameworks_distributed_optimizer() -> None:
+    nemo = pr.express(run_of(framework="nemo", zero="", recompute="none"))
+    assert isinstance(nemo, pr.Expressed) and nemo.plan.zero == 1
+    assert "zero not stated: 1" in nemo.assumptions
+    megatron = pr.express(run_of(framework="megatron", zero="", recompute="none"))
+    assert isinstance(megatron, pr.Expressed) and megatron.plan.zero == 0

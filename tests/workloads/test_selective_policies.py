@@ -179,3 +179,42 @@ def test_bad_unfused_traffic_is_one_line() -> None:
     with pytest.raises(DataFileError, match="unfused_traffic.value must map op kinds to "
                                             "factors in"):
         parse_profiles(data, where="frameworks.yaml")
+
+
+def test_delayed_fp8_casts_follow_transformer_engine() -> None:
+    """Transformer Engine (delayed scaling): a GEMM after a norm gets its FP8 input from the
+    norm, the others cast their input once (cast_transpose, 4 B/element); every backward casts
+    the output gradient; weights are cached over a step's micro-batches. torchao (dynamic)
+    casts input and weight in the forward, gradient and weight again, input again."""
+    from trainsim.workloads.op_work import fp8_cast_bytes, fp8_cast_elements
+
+    spec = dataclasses.replace(SMALL, dtype="fp8")
+    te = {op.name: op for op in build_graph(dataclasses.replace(spec, fp8_recipe="delayed"),
+                                            1, 1024).layers[1].ops}
+    ao = {op.name: op for op in build_graph(spec, 1, 1024).layers[1].ops}
+    assert te["attn.qkv"].fp8_input_fused and te["mlp.fc1"].fp8_input_fused
+    assert not te["attn.proj"].fp8_input_fused and not te["mlp.fc2"].fp8_input_fused
+    for name in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):
+        m, n, k = te[name].shape
+        fused = te[name].fp8_input_fused
+        assert fp8_cast_elements(te[name]) == ((0.0 if fused else m * k), m * n, 0.0)
+        assert fp8_cast_elements(ao[name]) == (m * k + k * n, m * n + k * n, m * k)
+        assert (fp8_cast_bytes(te[name]), fp8_cast_bytes(ao[name])) == (4.0, 5.0)
+    kwargs: dict[str, Any] = {"dp": 1, "tp": 1, "pp": 1, "micro_batch_size": 1,
+                              "global_batch": 1, "seq_len": 1024}
+    engine = api.simulate(SMALL, "1xH100-SXM5-80GB", framework="megatron", dtype="fp8", **kwargs)
+    torchao = api.simulate(SMALL, "1xH100-SXM5-80GB", framework="torchtitan-compile",
+                           dtype="fp8", **kwargs)
+    assert engine.iteration_time_s < torchao.iteration_time_s
+    bf16 = [api.simulate(SMALL, "1xH100-SXM5-80GB", dtype="bf16",
+                         attention="flash", **kwargs).iteration_time_s,
+            api.simulate(dataclasses.replace(SMALL, fp8_recipe="delayed"), "1xH100-SXM5-80GB",
+                         dtype="bf16", **kwargs).iteration_time_s]
+    assert bf16[0] == pytest.approx(bf16[1])  # the recipe only matters in FP8
+
+
+def test_nemo_shards_optimizer_state_by_default() -> None:
+    nemo = get_framework("nemo")
+    assert nemo.distributed_optimizer.value is True and nemo.fp8_recipe.value == "delayed"
+    assert "use_distributed_optimizer=True" in nemo.distributed_optimizer.source
+    assert get_framework("megatron").distributed_optimizer.value is False
