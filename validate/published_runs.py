@@ -10,6 +10,10 @@ the expressible ones and computes MAPE and mean signed error per group.
 Expressibility is asked of the catalog and the plan, not hard-coded: a GPU is looked up in
 the catalog, a dtype against the GPU's and the plan's checks, `cp` against ParallelPlan's
 fields, so features others add are picked up without a change here.
+
+Settings the schema has no column for but a row's name or notes state -- torch.compile, an
+interleaved schedule -- are read from them ("as above" taken as the previous row of the same
+source), and each reading is listed with the row's assumptions.
 """
 
 from __future__ import annotations
@@ -159,6 +163,7 @@ def _read(path: Path) -> list[PublishedRun]:
                     else f"has unknown column {unknown[0]!r}")
             raise DataFileError(f"{path}:1: header {what} (columns: {','.join(COLUMNS)})")
         runs, start = [], reader.line_num + 1
+        above: dict[str, str] = {}  # source -> the previous row's (resolved) notes
         for cells in reader:
             where = f"{path}:{start}"
             if cells and any(c.strip() for c in cells):
@@ -168,6 +173,12 @@ def _read(path: Path) -> list[PublishedRun]:
                 row = {h: c.strip() for h, c in zip(header, cells, strict=True)}
                 for key in COLUMNS:
                     _check_cell(where, key, row[key])
+                # "Table 4 as above + AsyncTP": the row repeats the previous row's setup
+                # (compile, Float8, ...), which the checks below read from its notes
+                prev = above.get(row["source"])
+                if prev and "as above" in row["notes"].lower():
+                    row["notes"] = f"{row['notes']} [above: {prev}]"
+                above[row["source"]] = row["notes"]
                 runs.append(PublishedRun(line=start, cells=row))
             start = reader.line_num + 1
     return runs

@@ -265,3 +265,15 @@ def test_an_empty_zero_cell_takes_the_frameworks_distributed_optimizer() -> None
     assert "zero not stated: 1" in nemo.assumptions
     megatron = pr.express(run_of(framework="megatron", zero="", recompute="none"))
     assert isinstance(megatron, pr.Expressed) and megatron.plan.zero == 0
+
+
+def test_as_above_notes_inherit_the_previous_rows_setup(tmp_path: Path) -> None:
+    """A row whose notes say "as above" repeats the previous row's setup (here compile)."""
+    first = {**TINY, "name": "a", "notes": "Table 4 FSDP + compile + Float8"}
+    second = {**TINY, "name": "b", "notes": "Table 4 as above + AsyncTP"}
+    other = {**TINY, "source": "elsewhere", "name": "c", "notes": "as above"}
+    runs = pr.read_runs(write_csv(tmp_path / "runs.csv", [first, second, other]))
+    assert "compile" in runs[1].cells["notes"] and runs[2].cells["notes"] == "as above"
+    expressed = pr.express(runs[1])
+    assert isinstance(expressed, pr.Expressed)
+    assert "torch.compile named: profile torchtitan-compile" in expressed.assumptions
