@@ -10,17 +10,25 @@ sets the prediction beside the measurement:
   optimizer step; predicted: the stage's compute- and tp-stream task time;
 * per-op-kind time — measured: the profiled iteration's op spans of each stage's first rank;
   predicted: the cost model over the stage's sharded ops × micro-batches (forward + backward),
-  with the optimizer step; ``comm`` — measured: the rank's torch.distributed calls (gloo/c10d,
-  waits for the peer included) and the tensor-parallel autograd nodes (``tp_comm``, folded in);
-  predicted: the simulated communication tasks of the stage's first rank (`COMM_TASK_KINDS`:
-  tensor-, data- and pipeline-parallel collectives and transfers, without waits). A kind the
+  with the optimizer step; ``comm`` — measured: the rank's time in torch.distributed calls
+  outside any op (gloo/c10d, waits for the peer included) and the tensor-parallel autograd
+  nodes (``tp_comm``, folded in); predicted: the same thing on the simulated timeline — the
+  time the stage's first rank does not compute between the iteration's start and its last task
+  (`idle_s`: the communication tasks on its critical path and its waits for other ranks:
+  pipeline bubbles, a peer's late gradient). ``optimizer`` — measured: the step's median over
+  the timed iterations (``optimizer_s``); the profiled iteration's span carries the profiler's
+  cost of every one of the ~10 eager ops per parameter tensor (e.g. 9.3 ms against 5.7 ms in
+  the DP2 trace, 5.2 against 2.2 ms in T5). A kind the
   simulator does not model (``other``: framework time outside any op) has no prediction:
   predicted and error are None ("n/a"), never a fake −100 %;
 * peak memory — measured: see trace_record.py; predicted: the engine's peak per rank.
 
 Op times are scaled by the machine's speed at the trace relative to the profile: the trace's
 reference-GEMM time over the profile's (both in their metadata, validate/profiler.py; 1 when
-either lacks it).
+either lacks it). On a CPU trace the Adam step is not read from the profile (timed there back
+to back, its state in cache) but priced by the cold-cache CPU Adam model of
+validate/cpu_microbench.py (bench/cpu_ops.py: a time per parameter tensor plus one per
+parameter), scaled by the trace's reference GEMM over the benchmark's.
 
 With a profile that has solo timings (``solo_s``) and more than one process, the prediction
 is the shared-CPU blend of validate/contention.py: each compute task between its solo and
@@ -33,6 +41,7 @@ Errors are signed and relative: (predicted − measured) / measured.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +49,7 @@ from trainsim.errors import PlanError, TraceError, UnknownNameError
 from trainsim.simulator.engines import run_program
 from trainsim.validate.contention import blend
 from trainsim.validate.cpu_hardware import cpu_cluster
+from trainsim.validate.cpu_microbench import adam_cpu_cost, param_tensors
 from trainsim.validate.profile_db import ProfileDB
 from trainsim.validate.profiled_cost import ProfiledCostModel
 from trainsim.validate.small_models import get_validation_model
@@ -50,9 +60,8 @@ from trainsim.workloads.model import build_graph
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.stage_costs import ADAM_STEP_BYTES_PER_PARAM, ADAM_STEP_FLOPS_PER_PARAM
 
-#: Task kinds of the simulated program that are communication (tp/dp/pp collectives, p2p).
-COMM_TASK_KINDS: tuple[str, ...] = ("p2p", "all_reduce", "all_gather", "reduce_scatter",
-                                    "all_to_all", "tp_comm")
+#: Program streams whose tasks are the rank's own computation (everything else is waiting).
+COMPUTE_STREAMS: tuple[str, ...] = ("compute",)
 
 #: Measured kinds folded into another before comparing: the tensor-parallel autograd nodes
 #: run all-reduces, which the simulator predicts with the other communication.
@@ -150,6 +159,46 @@ def predicted_kind_s(cost: Any, layers: list[Any], tp: int, m: int, params: floa
     return out
 
 
+def adam_step(trace: MeasuredTrace, layers: list[list[Any]], tp: int
+              ) -> Callable[[float], float] | None:
+    """Parameters → seconds of the CPU Adam step (validate/cpu_microbench.py), at the trace's
+    machine speed (its reference GEMM over the benchmark's), with the parameter tensors of the
+    stage whose parameter count is nearest; None unless the trace says it ran on the CPU (a
+    CUDA run, an imported Kineto trace of unknown origin: the profile's rows answer)."""
+    if trace.machine.get("device") != "cpu":
+        return None
+    model = adam_cpu_cost()
+    ref = trace.machine.get("reference_gemm_s")
+    speed = float(ref) / model.reference_gemm_s if isinstance(ref, (int, float)) \
+        and not isinstance(ref, bool) and ref > 0 and model.reference_gemm_s > 0 else 1.0
+    stages = [(sum(op.params for layer in ls for op in layer.sharded_ops(tp)),
+               param_tensors(ls, tp)) for ls in layers]
+
+    def step_s(params: float) -> float:
+        tensors = min(stages, key=lambda st: abs(st[0] - params))[1] if stages else 1
+        return model.step_s(params, tensors, speed)
+
+    return step_s
+
+
+def idle_s(tasks: Any, rank: int) -> float:
+    """Seconds of [0, end] in which `rank` runs no compute-stream task, end being the end of
+    its last task of any stream: what the rank spends communicating or waiting (module
+    docstring, ``comm``)."""
+    mine = tasks[tasks["rank"] == rank]
+    if mine.empty:
+        return 0.0
+    end = float(mine["end_s"].max())
+    busy = mine[mine["stream"].isin(COMPUTE_STREAMS)]
+    covered, reach = 0.0, 0.0
+    for a, b in sorted(zip(busy["start_s"].tolist(), busy["end_s"].tolist())):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            covered += b - a
+            reach = b
+    return max(end - covered, 0.0)
+
+
 def speed_factor(trace: MeasuredTrace, db: ProfileDB) -> float:
     """Trace's reference-GEMM seconds over the profile's (1 when either lacks the figure or
     they timed different GEMMs).
@@ -195,22 +244,23 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
     except PlanError as exc:
         raise TraceError(f"trace plan: {exc}") from None
     factor = speed_factor(trace, db)
-    cost = ProfiledCostModel(db, scale=factor)
+    graph = build_graph(spec, p["micro_batch_size"])
+    counts = list(plan.layers_per_stage(len(graph.transformer_layers())))
+    layers = _stage_layers(graph, p["pp"], counts)
+    adam = adam_step(trace, layers, p["tp"])
+    cost = ProfiledCostModel(db, scale=factor, optimizer=adam)
     program = lower(spec, cluster, plan, LoweringOptions(cost_model=cost))
     solo_cost = None
     overlap: tuple[float, ...] | None = None
     if db.has_solo() and world > 1:
 
-        solo_cost = ProfiledCostModel(db, solo=True, scale=factor)
+        solo_cost = ProfiledCostModel(db, solo=True, scale=factor, optimizer=adam)
         solo_program = lower(spec, cluster, plan, LoweringOptions(cost_model=solo_cost))
         mixed = blend(program, solo_program, engine=engine)
         result, overlap = mixed.result, mixed.overlap
     else:
         result = run_program(program, engine=engine)
     tasks = result.tasks
-    graph = build_graph(spec, p["micro_batch_size"])
-    counts = list(plan.layers_per_stage(len(graph.transformer_layers())))
-    layers = _stage_layers(graph, p["pp"], counts)
     stages: list[Any] = []
     kinds_pred: dict[str, float] = {}
     kinds_meas: dict[str, float] = {}
@@ -229,11 +279,14 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         phi = 1.0 if overlap is None else overlap[s]
         for k, v in pair.items():
             kinds_pred[k] = kinds_pred.get(k, 0.0) + alone[k] + phi * (v - alone[k])
-        comm = tasks[(tasks["rank"] == s) & tasks["kind"].isin(COMM_TASK_KINDS)]
-        kinds_pred["comm"] = kinds_pred.get("comm", 0.0) + float(comm["duration_s"].sum())
-        for k, v in (first[0].get("kind_s", {}) if first else {}).items():
-            k = MEASURED_KIND_ALIASES.get(k, k)
-            kinds_meas[k] = kinds_meas.get(k, 0.0) + float(v)
+        kinds_pred["comm"] = kinds_pred.get("comm", 0.0) + idle_s(tasks, s)
+        measured: dict[str, float] = {str(k): float(v) for k, v in
+                                      (first[0].get("kind_s", {}) if first else {}).items()}
+        if first and float(first[0].get("optimizer_s", 0.0)) > 0:
+            measured["optimizer"] = float(first[0]["optimizer_s"])
+        for name, v in measured.items():
+            kind = MEASURED_KIND_ALIASES.get(name, name)
+            kinds_meas[kind] = kinds_meas.get(kind, 0.0) + v
     kinds = [{"kind": k, "measured_s": kinds_meas.get(k, 0.0),
               "predicted_s": kinds_pred.get(k),
               "error": rel_error(kinds_pred.get(k), kinds_meas.get(k, 0.0))}

@@ -32,6 +32,7 @@ from trainsim.hwmodels.cluster import Cluster, NodeGroup
 from trainsim.hwmodels.gpus import GpuSpec
 from trainsim.hwmodels.nodes import NicSpec, NodeType
 from trainsim.hwmodels.topology import Link
+from trainsim.validate.cpu_microbench import gloo_alpha_beta
 from trainsim.validate.profile_db import ProfileDB
 
 CPU_GPU_NAME = "cpu"
@@ -81,7 +82,8 @@ def fit_alpha_beta(db: ProfileDB) -> tuple[float, float]:
     """(α seconds, β bytes/s) minimising Σ((steps·α + volume/β − t)/t)² over the all-reduces
     timed as training issues them (``all_reduce_after_compute``: what an all-reduce adds to a
     loop of GEMM + all-reduce, validate/profiler.py), else over the back-to-back all-reduces,
-    else over all collectives.
+    else over all collectives; a profile without collective rows gets the all-reduce-after-
+    compute fit of bench/gloo_collectives.py (validate/data/gloo_loopback.json).
 
     Why after compute: in a training step every data- and tensor-parallel all-reduce follows
     an op; a process that arrives first sleeps in gloo and must be woken, which back-to-back
@@ -89,7 +91,7 @@ def fit_alpha_beta(db: ProfileDB) -> tuple[float, float]:
     that doubles a 256 KiB all-reduce (traces/README.md).
 
     Raises:
-        DataFileError: the profile has no collective measurements.
+        DataFileError: the profile has no collective rows and the packaged fit is unreadable.
     """
     rows = db.collectives()
     # gloo's all-reduce has ~4x the per-message latency of a send/recv on loopback; the
@@ -97,9 +99,8 @@ def fit_alpha_beta(db: ProfileDB) -> tuple[float, float]:
     # alone set α and β when measured.
     rows = [r for r in rows if r.kind == "all_reduce_after_compute"] \
         or [r for r in rows if r.kind == "all_reduce"] or rows
-    if not rows:
-        raise DataFileError("profile has no collective measurements (run sim profile with "
-                            "2 processes)")
+    if not rows:  # e.g. a one-process profile: the packaged gloo microbenchmark's fit
+        return gloo_alpha_beta("all_reduce_after_compute")
     a, y = [], []
     for r in rows:
         steps, volume = collective_steps_volume(r.kind, r.group_size, r.size_bytes)

@@ -14,8 +14,10 @@ takes it as `LoweringOptions(cost_model=...)`. For an op (kind, FLOPs, bytes, sh
    linearly in log(FLOPs)–log(time) (a power law between neighbours); outside the measured
    range the nearest point's throughput is kept (time ∝ FLOPs).
 4. **Optimizer.** The lowering costs the Adam step as an ``elementwise`` op without a shape
-   and with 12 FLOPs per parameter (workloads/stage_costs.py); it is looked up in the
-   ``optimizer`` rows by parameter count.
+   and with 12 FLOPs per parameter (workloads/stage_costs.py). With an ``optimizer`` function
+   (parameters → seconds; `sim validate` passes the cold-cache CPU Adam model of
+   validate/cpu_microbench.py) that answers; else it is looked up in the ``optimizer`` rows by
+   parameter count (timed back to back, state in cache).
 5. **Fallback.** A kind the profile lacks gets a roofline on the figures the profile implies
    (validate/cpu_hardware.py): max(FLOPs/peak, bytes/bandwidth) + the per-op overhead.
 
@@ -28,13 +30,15 @@ takes it as `LoweringOptions(cost_model=...)`. For an op (kind, FLOPs, bytes, sh
    reference-GEMM time over the profile's (validate/profiler.py), so a profile recorded while
    the machine ran at another speed is brought to the trace's.
 
-`sources` counts how each estimate was made (``exact``, ``interpolated``, ``roofline``).
+`sources` counts how each estimate was made (``exact``, ``interpolated``, ``roofline``,
+``cpu_adam``: the `optimizer` function).
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +80,13 @@ class _Curve:
 class ProfiledCostModel:
     """Measured op times from a `ProfileDB` (module docstring)."""
 
-    def __init__(self, db: ProfileDB, *, solo: bool = False, scale: float = 1.0) -> None:
+    def __init__(self, db: ProfileDB, *, solo: bool = False, scale: float = 1.0,
+                 optimizer: Callable[[float], float] | None = None) -> None:
         """Index the database by (kind, shape, pass) and build per-kind curves; `solo` reads
         the rows' solo timings where measured (module docstring, 6); `scale` multiplies every
-        answer (7)."""
+        answer (7) but `optimizer`'s (4), which brings its own machine speed."""
         self.db = db
+        self.optimizer = optimizer
         self.solo = solo
         self.scale = float(scale)
         self.figures = derive_figures(db)
@@ -141,6 +147,9 @@ class ProfiledCostModel:
     def time_s(self, kind: str, flops: float, bytes_moved: float,
                shape: tuple[int, ...] | None = None) -> float:
         """Seconds of one op call as the lowering asks for it (module docstring)."""
+        if kind == "elementwise" and shape is None and self.optimizer is not None:
+            self.sources["cpu_adam"] += 1
+            return self.optimizer(flops / ADAM_STEP_FLOPS_PER_PARAM)
         return self.scale * self._unscaled_s(kind, flops, bytes_moved, shape)
 
     def _unscaled_s(self, kind: str, flops: float, bytes_moved: float,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainsim.validate.compare import COMM_TASK_KINDS, compare, format_report
+from trainsim.validate.compare import compare, format_report, idle_s
 from trainsim.validate.profile_db import ProfileDB
 from trainsim.validate.trace_record import MeasuredTrace
 
@@ -19,21 +19,47 @@ def db(traces_dir) -> ProfileDB:
 
 
 @pytest.mark.parametrize("plan", ["dp2", "pp2", "tp2"])
-def test_comm_is_predicted_from_the_simulated_tasks(db, traces_dir, plan) -> None:
-    """Predicted comm = the simulated communication tasks (dp all-reduce, pp transfers, tp
-    all-reduces) of each stage's first rank, summed — not 0 with a fake −100 % error; the
-    measured tensor-parallel autograd nodes (tp_comm) are folded into measured comm."""
+def test_comm_is_predicted_as_the_ranks_time_outside_compute(db, traces_dir, plan) -> None:
+    """Predicted comm = what measured comm counts (time in torch.distributed outside ops,
+    waits for the peer included) on the simulated timeline: each stage's first rank's time
+    from the iteration's start to its last task that its compute stream is idle — not 0 with a
+    fake −100 %; the measured tensor-parallel autograd nodes (tp_comm) are folded into
+    measured comm."""
     c = compare(MeasuredTrace.load(traces_dir / f"tiny-gpt-{plan}.json"), db)
     kinds = {k["kind"]: k for k in c.kinds}
     tasks = c.result.tasks
-    pp = c.plan["pp"]
-    expected = float(tasks[(tasks["rank"] < pp)
-                           & tasks["kind"].isin(COMM_TASK_KINDS)]["duration_s"].sum())
+    expected = 0.0
+    for s in range(c.plan["pp"]):
+        mine = tasks[tasks["rank"] == s]
+        compute = mine[mine["stream"] == "compute"]
+        expected += float(mine["end_s"].max()) - float(compute["duration_s"].sum())
     assert expected > 0
     assert kinds["comm"]["predicted_s"] == pytest.approx(expected)
+    assert kinds["comm"]["predicted_s"] == pytest.approx(
+        sum(idle_s(tasks, s) for s in range(c.plan["pp"])))
     assert kinds["comm"]["error"] == pytest.approx(
         (expected - kinds["comm"]["measured_s"]) / kinds["comm"]["measured_s"])
     assert "tp_comm" not in kinds
+
+
+def test_idle_time_of_a_hand_made_timeline() -> None:
+    """Compute [0, 1) and [2, 3), a collective [1, 2) on another stream and a transfer that
+    ends at 3.5: the rank is idle 1 + 0.5 s; overlapping compute tasks count once; a rank
+    without tasks is never idle."""
+    import pandas as pd
+
+    tasks = pd.DataFrame({
+        "rank": [0, 0, 0, 0, 1],
+        "stream": ["compute", "tp", "compute", "pp0>1", "compute"],
+        "start_s": [0.0, 1.0, 2.0, 3.0, 0.0],
+        "end_s": [1.0, 2.0, 3.0, 3.5, 2.0],
+    })
+    assert idle_s(tasks, 0) == pytest.approx(1.5)
+    assert idle_s(tasks, 1) == 0.0
+    both = pd.concat([tasks, pd.DataFrame({"rank": [1], "stream": ["compute"],
+                                           "start_s": [1.0], "end_s": [3.0]})])
+    assert idle_s(both, 1) == 0.0
+    assert idle_s(tasks, 7) == 0.0
 
 
 def test_unpredicted_kind_reports_n_a(db, traces_dir) -> None:

@@ -1,0 +1,109 @@
+"""The CPU cost physics `sim validate` uses beside the profile: the Adam step from
+bench/cpu_ops.py, gloo's α-β from bench/gloo_collectives.py, and the measured optimizer figure.
+
+Runs the simulator on the committed traces only (no torch workers); the parameter-tensor count
+is checked against the torch validation model itself (torch is imported, nothing is timed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainsim.validate.compare import _stage_layers, compare
+from trainsim.validate.cpu_hardware import fit_alpha_beta
+from trainsim.validate.cpu_microbench import (
+    CPU_OPS_FILE,
+    GLOO_FILE,
+    AdamCpuCost,
+    adam_cpu_cost,
+    gloo_alpha_beta,
+    param_tensors,
+)
+from trainsim.validate.profile_db import ProfileDB
+from trainsim.validate.small_models import get_validation_model
+from trainsim.validate.trace_record import MeasuredTrace
+from trainsim.workloads.model import build_graph
+
+DATA = Path(__file__).resolve().parents[2] / "validate"
+
+
+def test_adam_step_is_per_tensor_plus_per_parameter_at_the_machine_speed() -> None:
+    """T·c_tensor + N·c_param, times the speed ratio: 10 tensors × 10 µs + 10⁶ × 2 ns = 2.1 ms,
+    4.2 ms on a machine twice as slow."""
+    cost = AdamCpuCost(per_tensor_s=1e-5, per_param_s=2e-9, reference_gemm_s=1e-3)
+    assert cost.step_s(1e6, 10) == pytest.approx(2.1e-3)
+    assert cost.step_s(1e6, 10, speed=2.0) == pytest.approx(4.2e-3)
+
+
+@pytest.mark.parametrize("name", [CPU_OPS_FILE, GLOO_FILE])
+def test_benchmark_files_say_how_and_where_they_were_measured(name: str) -> None:
+    """Each packaged microbenchmark file names the command that wrote it (a bench/ script),
+    its date, machine and load, and the reference GEMM time that scales it to a trace."""
+    data = json.loads((DATA / name).read_text())
+    script = "bench/cpu_ops.py" if name == CPU_OPS_FILE else "bench/gloo_collectives.py"
+    assert data["command"].startswith(f"python {script}")
+    assert data["date"] and data["machine"]["logical_cores"] >= 1
+    assert "load_average_before" in data["machine"]
+    assert data["reference_gemm_s"] > 0
+
+
+def test_adam_fit_reproduces_its_own_microbenchmark() -> None:
+    """The two-coefficient Adam model is physics, not a curve through the traces: it gives every
+    cold point bench/cpu_ops.py measured (1 to 160 tensors, 4 Ki to 128 Ki parameters each)
+    within 20 %."""
+    data = json.loads((DATA / CPU_OPS_FILE).read_text())
+    cost = adam_cpu_cost()
+    assert len(data["adam_points"]) >= 4
+    for p in data["adam_points"]:
+        model = cost.step_s(p["tensors"] * p["params_per_tensor"], p["tensors"])
+        assert model == pytest.approx(p["cold_s"], rel=0.2), p
+
+
+@pytest.mark.parametrize(("model", "pp", "tp", "stage"), [("tiny-gpt", 1, 1, 0),
+                                                         ("tiny-gpt", 1, 2, 0),
+                                                         ("tiny-gpt", 2, 1, 0),
+                                                         ("tiny-t5", 1, 1, 0)])
+def test_parameter_tensors_are_those_of_the_torch_model(model: str, pp: int, tp: int,
+                                                        stage: int) -> None:
+    """`param_tensors` on the zoo graph counts the tensors the torch validation model gives its
+    Adam (the per-tensor cost's multiplier): 28 for tiny-gpt, 38 for tiny-t5. (The last
+    pipeline stage's own copy of the tied word embedding is not in the zoo graph: that stage
+    is left out.)"""
+    torch_model = pytest.importorskip("trainsim.validate.torch_model")
+    spec = get_validation_model(model)
+    graph = build_graph(spec, 2)
+    n = len(graph.transformer_layers())
+    layers = _stage_layers(graph, pp, [n // pp] * pp)[stage]
+    stage_model = torch_model.build_stage(spec, stage=stage, pp=pp, tp=tp, tp_rank=0, seed=0)
+    assert param_tensors(layers, tp) == len(list(stage_model.parameters()))
+
+
+def test_measured_optimizer_is_the_timed_median_and_predicted_by_the_adam_model(
+        traces_dir: Path) -> None:
+    """The optimizer row compares the step's median over the timed iterations (``optimizer_s``,
+    not the profiled iteration's span) with the Adam model at the trace's machine speed, over
+    the stage's 28 parameter tensors."""
+    trace = MeasuredTrace.load(traces_dir / "tiny-gpt-dp2.json")
+    c = compare(trace, ProfileDB.load(traces_dir / "profile.csv"))
+    opt = {k["kind"]: k for k in c.kinds}["optimizer"]
+    assert opt["measured_s"] == pytest.approx(trace.ranks[0]["optimizer_s"])
+    assert opt["measured_s"] != pytest.approx(trace.ranks[0]["kind_s"]["optimizer"])
+    cost = adam_cpu_cost()
+    speed = trace.machine["reference_gemm_s"] / cost.reference_gemm_s
+    params = c.result.tasks.query("kind == 'optimizer' and rank == 0")
+    assert len(params) == 1
+    assert opt["predicted_s"] == pytest.approx(cost.step_s(2661376, 28, speed), rel=1e-6)
+    assert float(params["duration_s"].iloc[0]) == pytest.approx(opt["predicted_s"], rel=1e-6)
+
+
+def test_profile_without_collectives_gets_the_gloo_benchmark_fit(traces_dir: Path) -> None:
+    """A profile with no collective rows (one process) prices the loopback link with the
+    all-reduce-after-compute fit of bench/gloo_collectives.py, not an error."""
+    db = ProfileDB.load(traces_dir / "profile.csv")
+    ops_only = ProfileDB(meta=db.meta, rows=tuple(r for r in db.rows if r.pass_ != "comm"))
+    alpha, beta = gloo_alpha_beta("all_reduce_after_compute")
+    assert fit_alpha_beta(ops_only) == (alpha, beta)
+    assert beta > 0 and alpha >= 0
