@@ -37,7 +37,9 @@ Two layers:
    neighbour transfers cross (the slowest is its bottleneck); for the inter-node phase of a
    hierarchical all-reduce they are the NIC links, each carrying the k parallel rings' volume,
    so a lone phase takes exactly the formula's time. α of a step is the largest summed link
-   latency of a path the step uses.
+   latency of a path the step uses. Rings are NCCL's (`_rings`): on a node with point-to-point
+   NVLinks several NVLink-only rings sharing the data (simulator/rings.py), across nodes one
+   ring per local GPU, each crossing the nodes through a different GPU.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+from weakref import WeakKeyDictionary
 
 from trainsim.errors import SpecError, unknown_name
+from trainsim.simulator.rings import Hop, node_path, node_rings
 
 
 class _Link(Protocol):
@@ -61,6 +65,9 @@ class _Link(Protocol):
 
     @property
     def latency_s(self) -> float: ...
+
+    @property
+    def kind(self) -> str: ...
 
 
 class ClusterTopology(Protocol):
@@ -256,17 +263,95 @@ def _by_node(cluster: ClusterTopology, ranks: Sequence[int]) -> dict[int, list[i
     return nodes
 
 
+def _hop(cluster: ClusterTopology) -> Callable[[int, int], Hop]:
+    """(one direct NVLink?, slowest bandwidth on the path) between two ranks of `cluster`."""
+    def hop(a: int, b: int) -> Hop:
+        path = cluster.path(a, b)
+        direct = len(path) == 1 and path[0].kind == "nvlink"
+        return direct, min(float(link.bandwidth_bytes_per_s) for link in path)
+
+    return hop
+
+
 def _node_ordered(cluster: ClusterTopology, ranks: Sequence[int]) -> list[int]:
-    """Ranks sorted by (node, rank): a ring then crosses each node boundary once (as NCCL)."""
-    return [r for members in _by_node(cluster, ranks).values() for r in members]
+    """Ranks node by node (nodes in order), so a ring crosses each node boundary once (as
+    NCCL); inside a node along NVLink neighbours where the node has point-to-point NVLinks
+    (rings.node_path), else in rank order."""
+    cache = _ring_cache(cluster)
+    key = ("path", *ranks)
+    if cache is not None and key in cache:
+        return list(cache[key])
+    hop = _hop(cluster)
+    order = [r for members in _by_node(cluster, ranks).values()
+             for r in node_path(members, hop, _rings(cluster, members))]
+    if cache is not None:
+        cache[key] = order
+    return order
+
+
+def _rings(cluster: ClusterTopology, ranks: Sequence[int]) -> list[tuple[tuple[int, ...], float]]:
+    """The weighted rings a ring collective over `ranks` uses.
+
+    On one node: NCCL's NVLink rings (rings.node_rings; several on an NVLink mesh). Across
+    nodes: as many rings as the largest node has members, each visiting the nodes in order and
+    every node's members along its best ring rotated by one more place, so that each ring
+    leaves and enters a node through a different GPU (and so through that GPU's PCIe path to
+    the NICs). This is how NCCL's channels spread a multi-node ring over all of a node's GPUs
+    and NICs (ncclTopoCompute searches one inter-node ring per NIC; "NCCL 2.0", GTC 2017);
+    a single ring would push all inter-node traffic through one GPU's PCIe link.
+    """
+    cache = _ring_cache(cluster)
+    key = ("rings", *ranks)
+    if cache is not None and key in cache:
+        return list(cache[key])
+    rings = _build_rings(cluster, ranks)
+    if cache is not None:
+        cache[key] = rings
+    return rings
+
+
+_RING_CACHES: WeakKeyDictionary[object, dict[tuple[object, ...], Any]] = WeakKeyDictionary()
+"""Rings (and `_node_ordered` orders, keyed ("path", *ranks)) per group, per topology object:
+lowering plans the same groups thousands of times. A topology that cannot be weakly referenced
+or hashed is not cached."""
+
+
+def _ring_cache(cluster: ClusterTopology) -> dict[tuple[object, ...], Any] | None:
+    try:
+        return _RING_CACHES.setdefault(cluster, {})
+    except TypeError:
+        return None
+
+
+def _build_rings(cluster: ClusterTopology, ranks: Sequence[int]
+                 ) -> list[tuple[tuple[int, ...], float]]:
+    nodes = _by_node(cluster, ranks)
+    hop = _hop(cluster)
+    if len(nodes) == 1:
+        return node_rings(next(iter(nodes.values())), hop)
+    cycles = [list(max(_rings(cluster, m), key=lambda r: r[1])[0]) for m in nodes.values()]
+    k = max(len(c) for c in cycles)
+    rings = []
+    for shift in range(k):
+        ring: list[int] = []
+        for c in cycles:
+            s = shift % len(c)
+            ring += c[s:] + c[:s]
+        rings.append((tuple(ring), 1.0 / k))
+    return rings
+
+
+def _ring_transfers(cluster: ClusterTopology, ranks: Sequence[int], size: float
+                    ) -> list[Transfer]:
+    """Neighbour transfers of every ring of `_rings`, each carrying its share of `size`."""
+    return [t for ring, weight in _rings(cluster, ranks) for t in _ring(ring, weight * size)]
 
 
 def _ring_all_reduce(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
                      bw: dict[str, float]) -> list[CommPhase]:
     n = len(ranks)
-    ring = _node_ordered(cluster, ranks)
     return [_phase("ring_all_reduce", ranks, 2 * (n - 1),
-                   _ring(ring, 2 * (n - 1) / n * size), cluster, bw)]
+                   _ring_transfers(cluster, ranks, 2 * (n - 1) / n * size), cluster, bw)]
 
 
 def _tree_all_reduce(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
@@ -292,7 +377,8 @@ def _hierarchical_all_reduce(ranks: tuple[int, ...], size: float, cluster: Clust
     num_nodes = len(nodes)
     phases: list[CommPhase] = []
     if k > 1:
-        intra = [t for m in nodes.values() for t in _ring(m, (k - 1) / k * size)]
+        intra = [t for m in nodes.values()
+                 for t in _ring_transfers(cluster, m, (k - 1) / k * size)]
         phases.append(_phase("intra_node_reduce_scatter", ranks, k - 1, intra, cluster, bw))
     inter: list[Transfer] = []
     members = list(nodes.values())
@@ -314,8 +400,8 @@ def _ring_half(name: str) -> Callable[..., list[CommPhase]]:
     def build(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
               bw: dict[str, float]) -> list[CommPhase]:
         n = len(ranks)
-        ring = _node_ordered(cluster, ranks)
-        return [_phase(name, ranks, n - 1, _ring(ring, (n - 1) / n * size), cluster, bw)]
+        return [_phase(name, ranks, n - 1, _ring_transfers(cluster, ranks, (n - 1) / n * size),
+                       cluster, bw)]
 
     return build
 

@@ -34,8 +34,9 @@ def test_readme_example_gives_the_same_time_in_both_cluster_orders() -> None:
     a, b = (_figures("gpt3-1.3b", c, dp=12, pp=1, global_batch=96) for c in README_MIXED)
     assert a == b
     a10_alone = _figures("gpt3-1.3b", "1x4xA10", dp=4, pp=1, global_batch=32)[0]
-    assert a10_alone <= a[0] < 1.3 * a10_alone  # 3.31 s against 2.75 s: the last buckets
-    # cross the two nodes' network instead of the A10 node's PCIe
+    assert a10_alone <= a[0] < 1.6 * a10_alone  # 4.14 s against 2.78 s: the last buckets
+    # cross the two nodes' 50 Gb/s Ethernet (NCCL over sockets: 48 % of line rate, measured,
+    # hwmodels/data/collectives.json) instead of the A10 node's PCIe
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

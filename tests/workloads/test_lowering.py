@@ -2,7 +2,7 @@
 
 Collective times use the α-β formulas of simulator/collectives.py with the cluster's own link
 figures (2×A10 nodes: PCIe 4.0 x16 inside a node, one 50 Gb/s NIC per node, so the NIC is the
-bottleneck of every inter-node transfer).
+bottleneck of every inter-node transfer), priced as measured (hwmodels/collectives.py).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 
 from trainsim.errors import PlanError
 from trainsim.hwmodels.cluster import parse_cluster
+from trainsim.hwmodels.collectives import collective_models
 from trainsim.simulator.collectives import (
     hierarchical_all_reduce_time_s,
     ring_all_reduce_time_s,
@@ -43,16 +44,29 @@ def _path_latency(hw, src: int, dst: int) -> float:
     return sum(link.latency_s for link in hw.path(src, dst))
 
 
+def _measured_s(kind: str, link_class: str, steps: int, inter_steps: int, volume: float,
+                bandwidth: float, *, first: bool, intra: str | None = None) -> float:
+    """One phase alone as hwmodels/collectives.py prices it: the chosen protocol's latency plus
+    volume / (bandwidth × efficiency) (NCCL's cost model with measured bus efficiencies)."""
+    price = collective_models().price(kind, link_class, steps=steps, volume_bytes=volume,
+                                      bandwidth_bytes_per_s=bandwidth, first=first,
+                                      inter_steps=inter_steps, intra_class_name=intra,
+                                      multi_node=True)
+    return price.latency_s + volume / (bandwidth * price.efficiency)
+
+
 # ----------------------------------------------------------------------------- collectives
 def test_lone_ring_all_reduce_takes_its_formula_time() -> None:
-    """dp=2 over two nodes: the gradient all-reduce of S = 2 bytes × parameters takes
-    2(n−1)·α + 2(n−1)/n·S/β with α the path latency and β the NIC (bottleneck) bandwidth."""
+    """dp=2 over two nodes: the gradient all-reduce of S = 2 bytes × parameters moves
+    2(n−1)/n·S over the NIC (bottleneck) in 2(n−1) network steps, priced as measured
+    (Ethernet: NCCL's network step latencies, busbw 48 % of line rate)."""
     opts = LoweringOptions(dp_bucket_bytes=ONE_BUCKET, collective_algorithm="ring")
     spec, hw, _program, result = _lower("gpt3-125m", "2x1xA10", opts, dp=2,
                                        num_micro_batches=1, seq_len=128)
     size = 2.0 * build_graph(spec, 1, 128).parameters
     nic = hw.link("n0.nic.out").bandwidth_bytes_per_s
-    expected = ring_all_reduce_time_s(2, size, _path_latency(hw, 0, 1), nic)
+    expected = _measured_s("all_reduce", "ethernet", 2, 2, size, nic, first=True)
+    assert expected > ring_all_reduce_time_s(2, size, _path_latency(hw, 0, 1), nic)
     dp = _rows(result, stream="dp", kind="all_reduce")
     assert len(dp) == 1
     assert dp["duration_s"].iloc[0] == pytest.approx(expected, rel=1e-12)
@@ -78,17 +92,22 @@ def test_two_all_reduces_through_one_nic_take_twice_as_long(fold) -> None:
 
 
 def test_hierarchical_all_reduce_follows_three_phase_formula() -> None:
-    """dp=4 on 2 nodes × 2 GPUs with the hierarchical algorithm: intra-node reduce-scatter,
-    inter-node all-reduce of S/k by both local ranks through the NIC, intra-node all-gather —
-    2·[(k−1)α_i + (k−1)/k·S/β_i] + 2(N−1)α_e + 2(N−1)/N·S/β_nic in total."""
+    """dp=4 on 2 nodes × 2 GPUs with the hierarchical algorithm: intra-node reduce-scatter
+    ((k−1)/k·S over PCIe, k−1 steps), inter-node all-reduce of S/k by both local ranks through
+    the NIC (S on the NIC, 2(N−1) network steps), intra-node all-gather — each priced as
+    measured, the protocol start-up paid once."""
     opts = LoweringOptions(dp_bucket_bytes=ONE_BUCKET, collective_algorithm="hierarchical")
     spec, hw, _, result = _lower("gpt3-125m", "2x2xA10", opts, dp=4, num_micro_batches=1,
                                  seq_len=128)
     size = 2.0 * build_graph(spec, 1, 128).parameters
     intra_bw = min(link.bandwidth_bytes_per_s for link in hw.path(0, 1))
-    expected = hierarchical_all_reduce_time_s(
-        2, 2, size, _path_latency(hw, 0, 1), intra_bw, _path_latency(hw, 0, 2),
-        hw.link("n0.nic.out").bandwidth_bytes_per_s)
+    nic = hw.link("n0.nic.out").bandwidth_bytes_per_s
+    expected = (_measured_s("reduce_scatter", "pcie", 1, 0, size / 2, intra_bw, first=True)
+                + _measured_s("all_reduce", "ethernet", 2, 2, size, nic, first=False,
+                              intra="pcie")
+                + _measured_s("all_gather", "pcie", 1, 0, size / 2, intra_bw, first=False))
+    assert expected > hierarchical_all_reduce_time_s(
+        2, 2, size, _path_latency(hw, 0, 1), intra_bw, _path_latency(hw, 0, 2), nic)
     dp = _rows(result, stream="dp", rank=0)
     assert len(dp) == 3  # reduce-scatter, inter-node all-reduce, all-gather
     assert dp["end_s"].max() - dp["start_s"].min() == pytest.approx(expected, rel=1e-12)

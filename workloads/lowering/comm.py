@@ -16,6 +16,21 @@ copies' links only, which is exact when each representative's links carry the sa
 traffic as every other copy's (true for the symmetric layouts lowering builds on one
 homogeneous node group) and an approximation otherwise (see `LoweringOptions.fold`).
 
+**Collectives as measured.** `plan_measured` prices the planned phases with NCCL's protocol
+latencies and the measured bus efficiencies of hwmodels/collectives.py (data/collectives.json):
+each phase's latency becomes the chosen protocol's start-up (first phase of a collective only)
+and per-step latencies, plus the time the efficiency e < 1 costs at the slowest link's peak,
+``V / B · (1/e − 1)``, so that a phase alone takes ``latency + V / (B · e)``. Its volume V stays
+the bytes on the wire (what tasks report and the engine shares); under sharing only that volume
+is slowed and the efficiency loss stays a fixed time (an approximation: protocol overhead is
+taken as not contended). An efficiency above 1 (NVLink SHARP all-reduce on H100, where the
+switch reduces) instead divides the volume: fewer bytes cross the links. The class is that of
+the phase's slowest link, or of its NIC when the phase spans nodes (by the node's NIC name; the
+efficiency then applies to the slowest link, which may be a GPU's PCIe path to the NIC); steps
+that cross nodes pay the network's per-step latency, the others the intra-node class's. A CPU
+cluster's loopback (gloo) phases are left as planned. With algorithm "auto" an all-reduce takes
+the fastest of ring, hierarchical and tree *as priced here*, as NCCL chooses.
+
 `cross_unit` runs collectives whose groups span several replica units of a stage (expert-parallel
 all-to-alls, ZeRO-3 parameter gathers) and joins each unit's chain to the groups it touches.
 """
@@ -28,6 +43,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from trainsim.hwmodels.cluster import Cluster
+from trainsim.hwmodels.collectives import CollectiveModels, collective_models, link_class
 from trainsim.hwmodels.topology import Link
 from trainsim.simulator.collectives import CommPhase, plan_collective
 from trainsim.simulator.task_table import TaskTableBuilder
@@ -71,6 +87,25 @@ class MemoTopology:
         self._node: dict[int, int] = {}
         self._ranks: dict[int, list[int]] = {}
         self._link: dict[str, Link] = {}
+        self._nic: dict[int, str] = {}
+
+    def nic_name(self, rank: int) -> str:
+        """Name of the NIC of `rank`'s node group (``loopback`` on a CPU cluster)."""
+        found = self._nic.get(rank)
+        if found is None:
+            groups = self.cluster.node_groups
+            found = self._nic[rank] = groups[self.cluster.group_of(rank)].nic.name
+        return found
+
+    def nic_of_link(self, link_id: str, fallback_rank: int) -> str:
+        """Name of the NIC behind NIC link `link_id` (``n<node>.nic.<dir>``, topology.py); links
+        named otherwise (a CPU cluster's loopback) take `fallback_rank`'s NIC."""
+        head, _, rest = link_id.partition(".")
+        if rest.startswith("nic.") and head[:1] == "n" and head[1:].isdigit():
+            ranks = self.ranks_of_node(int(head[1:]))
+            if ranks:
+                return self.nic_name(ranks[0])
+        return self.nic_name(fallback_rank)
 
     def path(self, src_rank: int, dst_rank: int) -> tuple[Link, ...]:
         """`cluster.path`, remembered."""
@@ -126,7 +161,7 @@ class CommLowering:
         if key not in self._phase_cache:
             algorithm = self.algorithm if kind == "all_reduce" else "auto"
             self._phase_cache[key] = tuple(
-                plan_collective(kind, group, size, self.topology, algorithm))
+                plan_measured(kind, group, size, self.topology, algorithm))
         return self._phase_cache[key]
 
     def link_load(self, needs: Sequence[Need], copies: Sequence[tuple[int, ...]]
@@ -311,5 +346,135 @@ def kind_of(needs: Sequence[Need]) -> str:
     return kinds.pop() if len(kinds) == 1 else "tp_comm"
 
 
+_PHASE_KIND = {
+    "ring_all_reduce": "all_reduce", "tree_all_reduce": "all_reduce",
+    "inter_node_all_reduce": "all_reduce", "intra_node_reduce_scatter": "reduce_scatter",
+    "intra_node_all_gather": "all_gather", "ring_all_gather": "all_gather",
+    "ring_reduce_scatter": "reduce_scatter", "pairwise_all_to_all": "all_to_all", "p2p": "p2p",
+}
+"""Collective kind of each phase `plan_collective` names (its efficiency in collectives.json)."""
+
+_ALL_REDUCE_ALGORITHMS = ("ring", "hierarchical", "tree")
+"""Tried in this order under "auto" (the first of equal times wins, as in plan_collective)."""
+
+
+def _phase_steps(name: str, n: int, nodes: int) -> tuple[int, int]:
+    """(algorithm steps of a phase, how many of them cross nodes): what its per-step latency
+    is charged for (NCCL tuning.cc: nsteps and nInterSteps)."""
+    k = n // max(nodes, 1)
+    if name == "ring_all_reduce":
+        return 2 * (n - 1), 2 * (nodes - 1)
+    if name == "tree_all_reduce":  # NCCL: a chain inside each node, binary trees across
+        inter = 2 * math.ceil(math.log2(nodes)) if nodes > 1 else 0
+        return 2 * (k - 1) + inter, inter
+    if name == "inter_node_all_reduce":
+        return 2 * (nodes - 1), 2 * (nodes - 1)
+    if name in ("intra_node_reduce_scatter", "intra_node_all_gather"):
+        return k - 1, 0
+    if name == "p2p":
+        return 1, int(nodes > 1)
+    if name == "pairwise_all_to_all":
+        return n - 1, round((n - 1) * (nodes - 1) / nodes) if nodes > 1 else 0
+    return n - 1, nodes - 1  # ring all-gather / reduce-scatter
+
+
+def _slowest(links: Sequence[Link]) -> Link:
+    return min(links, key=lambda link: (link.bandwidth_bytes_per_s, link.link_id))
+
+
+def _class_of(link: Link, topology: MemoTopology, rank: int, models: CollectiveModels) -> str:
+    nic = topology.nic_of_link(link.link_id, rank) if link.kind == "nic" else None
+    return link_class(link.kind, link.bandwidth_bytes_per_s, nic, models)
+
+
+def _intra_class(ranks: Sequence[int], topology: MemoTopology, models: CollectiveModels
+                 ) -> str | None:
+    """Class of the slowest link between two ranks of one node of `ranks` (None: one per node)."""
+    seen: dict[int, int] = {}
+    for r in ranks:
+        node = topology.node_of(r)
+        if node in seen:
+            link = _slowest(topology.path(seen[node], r))
+            return _class_of(link, topology, r, models)
+        seen[node] = r
+    return None
+
+
+def measured_phases(phases: Sequence[CommPhase], topology: MemoTopology,
+                    models: CollectiveModels | None = None) -> list[CommPhase]:
+    """Price planned `phases` (one collective) with the link-class models (module docstring)."""
+    models = models or collective_models()
+    out: list[CommPhase] = []
+    for i, ph in enumerate(phases):
+        kind = _PHASE_KIND.get(ph.name)
+        if kind is None or len(ph.ranks) < 2:  # a phase this model does not know: as planned
+            out.append(ph)
+            continue
+        links = ([topology.link(lid) for lid in ph.links] if ph.links
+                 else list(topology.path(ph.ranks[0], ph.ranks[1])))
+        slowest = _slowest(links)
+        nodes = len({topology.node_of(r) for r in ph.ranks})
+        # across nodes NCCL runs over the network (tuning.cc: hw = NET when nNodes > 1), even
+        # where a GPU's PCIe path to the NIC is the slowest link
+        nics = [link for link in links if link.kind == "nic"] if nodes > 1 else []
+        cls = _class_of(_slowest(nics) if nics else slowest, topology, ph.ranks[0], models)
+        if models.classes[cls].step_s is None:  # gloo over loopback: fitted as planned
+            out.append(ph)
+            continue
+        steps, inter = _phase_steps(ph.name, len(ph.ranks), nodes)
+        intra = _intra_class(ph.ranks, topology, models) if nodes > 1 else cls
+        if intra is not None and models.classes[intra].step_s is None:
+            intra = cls
+        price = models.price(kind, cls, steps=steps, volume_bytes=ph.bytes_per_link,
+                             bandwidth_bytes_per_s=slowest.bandwidth_bytes_per_s,
+                             first=i == 0, inter_steps=inter, intra_class_name=intra,
+                             multi_node=nodes > 1, tree=ph.name == "tree_all_reduce")
+        overhead, volume = 0.0, ph.bytes_per_link
+        if volume > 0 and price.efficiency < 1.0:
+            overhead = volume / slowest.bandwidth_bytes_per_s * (1.0 / price.efficiency - 1.0)
+        elif volume > 0:  # NVLink SHARP: the switch reduces, fewer bytes cross the links
+            volume /= price.efficiency
+        out.append(CommPhase(name=ph.name, ranks=ph.ranks,
+                             latency_s=price.latency_s + overhead,
+                             bytes_per_link=volume, links=ph.links))
+    return out
+
+
+def alone_time_s(phases: Sequence[CommPhase], topology: MemoTopology) -> float:
+    """Time of `phases` with no other traffic: Σ latency + bytes / slowest named link."""
+    total = 0.0
+    for ph in phases:
+        total += ph.latency_s
+        if ph.bytes_per_link > 0:
+            total += ph.bytes_per_link / min(topology.link(lid).bandwidth_bytes_per_s
+                                             for lid in ph.links)
+    return total
+
+
+def _hierarchical_applies(group: tuple[int, ...], topology: MemoTopology) -> bool:
+    counts = Counter(topology.node_of(r) for r in group)
+    sizes = set(counts.values())
+    return len(counts) >= 2 and len(sizes) == 1 and min(sizes) >= 2
+
+
+def plan_measured(kind: str, group: tuple[int, ...], size: float, topology: MemoTopology,
+                  algorithm: str = "auto") -> list[CommPhase]:
+    """`plan_collective` priced as measured (`measured_phases`); under "auto" an all-reduce
+    takes the algorithm fastest alone with those prices."""
+    if kind != "all_reduce" or algorithm != "auto" or len(group) < 2:
+        return measured_phases(plan_collective(kind, group, size, topology, algorithm), topology)
+    best: tuple[float, list[CommPhase]] | None = None
+    for name in _ALL_REDUCE_ALGORITHMS:
+        if name == "hierarchical" and not _hierarchical_applies(tuple(group), topology):
+            continue
+        phases = measured_phases(plan_collective(kind, group, size, topology, name), topology)
+        t = alone_time_s(phases, topology)
+        if best is None or t < best[0]:
+            best = (t, phases)
+    assert best is not None  # ring always applies
+    return best[1]
+
+
 __all__ = ["NO_META", "CommLowering", "MemoTopology", "Meta", "Need", "PlannedComm", "Template",
-           "cross_unit", "kind_of", "merge_phases"]
+           "alone_time_s", "cross_unit", "kind_of", "measured_phases", "merge_phases",
+           "plan_measured"]
