@@ -19,9 +19,12 @@ and the makespan drops by one unit at the least energy increase.
 
 What is ours: (1) the cut with negative backward costs is a plain max flow after substituting
 each activity's lower bound by two node arcs (S → out_i and in_i → T of capacity g, activity arc
-f − g), so one Dinic max flow per step instead of Lowtime's two flows with lower bounds; (2) the
-whole step — critical subgraph, network, Dinic, cut, update — is one numba kernel over flat
-arrays, with no graph objects (the kernels are in search/energy/kernels.py); (3) options are
+f − g), so one max flow per step instead of Lowtime's two flows with lower bounds, and it starts
+from the previous step's flow whenever the network keeps its arcs (most steps: a step changes
+the capacities of a few instructions only), repaired to the new capacities, so only what the
+step changed is re-augmented (search/energy/maxflow.py); (2) the whole step — critical
+subgraph, network, flow, cut, update — is one numba kernel over flat arrays, with no graph
+objects (the kernels are in search/energy/kernels.py); (3) options are
 the exact hull points, and every step's plan is re-evaluated exactly in real (unquantised)
 time and energy (`InstructionDag.evaluate`), so the frontier we report is what the engine
 replays. Steps are yielded one by one (`frontier_steps`).
@@ -43,11 +46,10 @@ from trainsim.search.energy.kernels import (
     QEPS,
     evaluate_rows,
     finish_times_kernel,
-    lookup_options,
     pd_run,
-    polish_kernel,
+    polish_rows,
 )
-from trainsim.search.energy.point import DEFAULT_UNIT_S, FrontierPoint, make_point
+from trainsim.search.energy.point import DEFAULT_UNIT_S, FrontierPoint, make_point, make_points
 
 __all__ = ["DEFAULT_UNIT_S", "BlockHull", "Frontier", "FrontierPoint", "FrontierStep",
            "block_hull", "compute_frontier", "energy_at", "finish_times_kernel",
@@ -128,6 +130,14 @@ class FrontierStep:
     `makespan_units − final_makespan_units` more steps (progress bars)."""
 
 
+def _next_times(time_s: np.ndarray) -> np.ndarray:
+    """Per option: the least time of another option of the block that is no faster (inf:
+    none), for `polish_rows`."""
+    later = time_s[None, :] >= time_s[:, None]
+    np.fill_diagonal(later, False)
+    return np.where(later, time_s[None, :], np.inf).min(axis=1)
+
+
 class _Compiled:
     """Flat arrays of a DAG + hulls for the kernel, and exact evaluation of a duration vector."""
 
@@ -157,7 +167,10 @@ class _Compiled:
         self.work = (np.zeros(n, np.int64), np.zeros(n, np.int64),
                      np.zeros(nv, np.int64), np.zeros(arcs, np.int64), np.zeros(arcs, np.int64),
                      np.zeros(arcs, np.int64), np.zeros(arcs), np.zeros(nv, np.int64),
-                     np.zeros(nv, np.int64), np.zeros(nv, np.int64), np.zeros(nv, np.int64))
+                     np.zeros(nv, np.int64), np.zeros(nv, np.int64), np.zeros(nv, np.int64),
+                     np.zeros(n, np.int64), np.zeros(n, np.int64),  # arc_s, arc_t
+                     np.full(1, -1, np.int64), np.zeros(arcs, np.int64),  # the last network
+                     np.zeros(arcs, np.int64), np.zeros(arcs), np.zeros(nv))
         # options of every block, flat (block b's at opt_ptr[b]:opt_ptr[b+1], fastest first)
         self.block = dag.block
         blocks = [dag.options(b) for b in range(len(dag.block_keys))]
@@ -166,6 +179,9 @@ class _Compiled:
         self.opt_freq = np.concatenate([o[0] for o in blocks]).astype(float)
         self.opt_time = np.concatenate([o[1] for o in blocks]).astype(float)
         self.opt_energy = np.concatenate([o[2] for o in blocks]).astype(float)
+        self.next_time = np.concatenate([_next_times(o[1].astype(float)) for o in blocks])
+        self.time_ord = np.concatenate([self.opt_ptr[b] + np.argsort(o[1], kind="stable")
+                                        for b, o in enumerate(blocks)])
 
     def slowest(self) -> np.ndarray:
         return self.qmax[self.block].copy()
@@ -176,24 +192,26 @@ class _Compiled:
         q = self.qmin[self.block].astype(float)
         return round(float(finish_times_kernel(q, dag.pred_ptr, dag.pred_idx).max()))
 
-    def polish(self, point: FrontierPoint) -> FrontierPoint:
-        """`point` with every instruction slowed into its real slack (`polish_kernel`)."""
+    def polish(self, points: list[FrontierPoint]) -> list[FrontierPoint]:
+        """Each of `points` with every instruction slowed into its real slack (`polish_rows`)."""
         dag = self.dag
-        freq = polish_kernel(point.freq_mhz, self.block, self.opt_ptr, self.opt_freq,
-                              self.opt_time, self.opt_energy, dag.pred_ptr, dag.pred_idx,
-                              self.succ_ptr, self.succ_idx, dag.profile.blocking_power_w)
-        t, e = lookup_options(freq, self.block, self.opt_ptr, self.opt_freq, self.opt_time,
-                       self.opt_energy)
-        return make_point(dag, freq, t, e, self.unit_s)
+        freq, t, e = polish_rows(np.array([p.freq_mhz for p in points], dtype=float),
+                                 self.block, self.opt_ptr, self.opt_freq, self.opt_time,
+                                 self.opt_energy, self.next_time, self.time_ord,
+                                 dag.pred_ptr, dag.pred_idx, self.succ_ptr, self.succ_idx,
+                                 dag.profile.blocking_power_w)
+        return make_points(dag, freq, t, e, self.unit_s)
 
-    def run(self, d: np.ndarray, max_steps: int) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Up to max_steps crashing steps from d (in place): (rows, cost changes, done)."""
+    def run(self, d: np.ndarray, max_steps: int, *, warm: bool = True
+            ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Up to max_steps crashing steps from d (in place): (rows, cost changes, done).
+        `warm=False` computes every step's max flow from zero (the same rows; for tests)."""
         dag = self.dag
         out = np.empty((max_steps, len(d)), dtype=np.int64)
         changes = np.empty(max_steps)
-        k, done = pd_run(d, max_steps, out, changes, self.block, self.qmin, self.qmax,
-                          self.tab_ptr, self.cost_tab, dag.pred_ptr, dag.pred_idx,
-                          self.succ_ptr, self.succ_idx, *self.work)
+        k, done = pd_run(d, max_steps, warm, out, changes, self.block, self.qmin, self.qmax,
+                         self.tab_ptr, self.cost_tab, dag.pred_ptr, dag.pred_idx,
+                         self.succ_ptr, self.succ_idx, *self.work)
         return out[:k], changes[:k], bool(done)
 
     def points(self, rows: np.ndarray) -> list[FrontierPoint]:
@@ -284,7 +302,7 @@ def compute_frontier(dag: InstructionDag, *, unit_s: float = DEFAULT_UNIT_S,
     With `polish` (default) the crashing runs on options down to each instruction's raw-energy
     minimum (segments saving at least P_block per second, as Lowtime's Pareto filter keeps) and
     every step's plan is then slowed into its real slack down to the effective-energy minimum
-    (`polish_kernel`), which reaches the slow, cheap options off the critical path without
+    (`polish_rows`), which reaches the slow, cheap options off the critical path without
     crashing through them one unit at a time. Without it, crashing starts from every
     instruction's effective-energy minimum (exact for the convexified model, slower). The
     all-max plan and the fastest plans tightened to the all-max time are added so that a plan
@@ -305,7 +323,7 @@ def compute_frontier(dag: InstructionDag, *, unit_s: float = DEFAULT_UNIT_S,
     candidates = steps + extra + [top]
     if polish:
         comp = _Compiled(dag, unit_s, cut)
-        candidates += [comp.polish(p) for p in candidates]
+        candidates += comp.polish(candidates)
     points = pareto(candidates)
     return Frontier(points=points, steps=steps, planner_s=time.perf_counter() - start,
                     unit_s=unit_s)

@@ -4,15 +4,14 @@ search/energy/frontier.py holds the problem, the hulls and the public API; this 
 what runs per crashing step or per plan, each a numba kernel with no Python objects:
 
 - `finish_times_kernel`: earliest finish of every node of a topologically ordered DAG (the
-  longest path, CPM);
+  longest path, CPM); `makespans_kernel`: the longest path of many duration rows;
 - `pd_run` (`_pd_step` per step): one Phillips–Dessouky step (Management Science 23(4), 1977) —
   critical subgraph, the cut network with each activity's lower bound substituted by two node
-  arcs, a Dinic max flow (`_dinic`), the minimum cut, and the duration update;
+  arcs, its max flow (search/energy/maxflow.py), the minimum cut, and the duration update;
 - `evaluate_rows`: exact (real), Lowtime-quantised and crashing-model time/energy of a batch of
   duration rows;
-- `polish_kernel`: slows every instruction into its real slack without lengthening the
-  iteration;
-- `lookup_options`: per-node time and energy of a per-node clock plan.
+- `polish_rows`: slows every instruction of a batch of plans into its real slack without
+  lengthening the iteration.
 
 They are split from the Python side because they are the part whose speed matters (the whole
 step is one kernel call), and numba caches them per file.
@@ -23,8 +22,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_INF = 1e30
-_EPS = 1e-9
+from trainsim.search.energy.maxflow import (
+    EPS,
+    INF,
+    add_arc,
+    dinic,
+    saturate_pairs,
+    save_flow,
+    warm_start,
+)
+
 #: Guard of ⌊t/u⌋ against binary rounding (0.003 / 0.001 = 2.9999999999999996).
 QEPS = 1e-9
 
@@ -43,84 +50,18 @@ def finish_times_kernel(durations, pred_ptr, pred_idx):
 
 
 @njit(cache=True)
-def _add_arc(u, v, cap, first, nxt, to, frm, res, m):
-    to[m] = v
-    frm[m] = u
-    res[m] = cap
-    nxt[m] = first[u]
-    first[u] = m
-    to[m + 1] = u
-    frm[m + 1] = v
-    res[m + 1] = 0.0
-    nxt[m + 1] = first[v]
-    first[v] = m + 1
-    return m + 2
-
-
-@njit(cache=True)
-def _dinic(nv, s, t, first, nxt, to, frm, res, level, it, queue, path):
-    """Max flow s→t on the residual arrays (modified in place); stops early past _INF/2."""
-    flow = 0.0
-    while True:
-        for v in range(nv):
-            level[v] = -1
-        level[s] = 0
-        qh, qt = 0, 1
-        queue[0] = s
-        while qh < qt:
-            u = queue[qh]
-            qh += 1
-            e = first[u]
-            while e != -1:
-                if res[e] > _EPS and level[to[e]] < 0:
-                    level[to[e]] = level[u] + 1
-                    queue[qt] = to[e]
-                    qt += 1
-                e = nxt[e]
-        if level[t] < 0:
-            return flow
-        for v in range(nv):
-            it[v] = first[v]
-        u = s
-        top = 0
-        while True:
-            if u == t:
-                push = _INF * 10.0
-                for k in range(top):
-                    push = min(push, res[path[k]])
-                for k in range(top):
-                    res[path[k]] -= push
-                    res[path[k] ^ 1] += push
-                flow += push
-                if flow >= _INF / 2:
-                    return flow
-                # retreat to the tail of the first saturated arc of the path
-                cut = 0
-                while cut < top - 1 and res[path[cut]] > _EPS:
-                    cut += 1
-                top = cut
-                u = frm[path[cut]]
-                continue
-            e = it[u]
-            while e != -1 and not (res[e] > _EPS and level[to[e]] == level[u] + 1):
-                e = nxt[e]
-            it[u] = e
-            if e != -1:
-                path[top] = e
-                top += 1
-                u = to[e]
-            else:
-                if u == s:
-                    break
-                level[u] = -1
-                top -= 1
-                u = frm[path[top]]
-                it[u] = nxt[it[u]]
+def makespans_kernel(durations, pred_ptr, pred_idx):
+    """Longest path of each row of (plans × nodes) durations."""
+    out = np.empty(durations.shape[0])
+    for r in range(durations.shape[0]):
+        out[r] = finish_times_kernel(durations[r], pred_ptr, pred_idx).max()
+    return out
 
 
 @njit(cache=True)
 def _pd_step(d, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr, pred_idx, succ_ptr, succ_idx,
-             es, ls, first, nxt, to, frm, res, level, it, queue, path):
+             es, ls, first, nxt, to, frm, res, level, it, queue, path, arc_s, arc_t, prev,
+             prev_to, prev_frm, prev_flow, exc):
     """One Phillips–Dessouky step on integer durations `d` (in place).
 
     Returns (status, cost_change): status 0 = makespan reduced by one unit, 1 = no finite cut
@@ -152,28 +93,36 @@ def _pd_step(d, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr, pred_idx, succ_ptr
         b = blk[i]
         base = tab_ptr[b] - qmin[b]
         c_here = cost_tab[base + d[i]]
-        f = _INF if d[i] <= qmin[b] else cost_tab[base + d[i] - 1] - c_here
+        f = INF if d[i] <= qmin[b] else cost_tab[base + d[i] - 1] - c_here
         g = 0.0 if d[i] >= qmax[b] else c_here - cost_tab[base + d[i] + 1]
         g = max(g, 0.0)
-        cap = _INF if f >= _INF else max(f - g, 0.0)
-        m = _add_arc(2 * i, 2 * i + 1, cap, first, nxt, to, frm, res, m)
+        cap = INF if f >= INF else max(f - g, 0.0)
+        m = add_arc(2 * i, 2 * i + 1, cap, first, nxt, to, frm, res, m)
         if d[i] >= qmax[b]:
-            m = _add_arc(2 * i + 1, 2 * i, _INF, first, nxt, to, frm, res, m)
+            m = add_arc(2 * i + 1, 2 * i, INF, first, nxt, to, frm, res, m)
+        arc_t[i] = -1
+        arc_s[i] = -1
         if g > 0.0:
-            m = _add_arc(2 * i, t_node, g, first, nxt, to, frm, res, m)
-            m = _add_arc(s_node, 2 * i + 1, g, first, nxt, to, frm, res, m)
+            arc_t[i] = m
+            m = add_arc(2 * i, t_node, g, first, nxt, to, frm, res, m)
+            arc_s[i] = m
+            m = add_arc(s_node, 2 * i + 1, g, first, nxt, to, frm, res, m)
             g_sum += g
         if pred_ptr[i] == pred_ptr[i + 1]:
-            m = _add_arc(s_node, 2 * i, _INF, first, nxt, to, frm, res, m)
+            m = add_arc(s_node, 2 * i, INF, first, nxt, to, frm, res, m)
         if succ_ptr[i] == succ_ptr[i + 1] and es[i] + d[i] == makespan:
-            m = _add_arc(2 * i + 1, t_node, _INF, first, nxt, to, frm, res, m)
+            m = add_arc(2 * i + 1, t_node, INF, first, nxt, to, frm, res, m)
         for k in range(succ_ptr[i], succ_ptr[i + 1]):
             j = succ_idx[k]
             if es[j] == ls[j] and es[i] + d[i] == es[j]:
-                m = _add_arc(2 * i + 1, 2 * j, _INF, first, nxt, to, frm, res, m)
-    flow = _dinic(nv, s_node, t_node, first, nxt, to, frm, res, level, it, queue, path)
-    if flow >= _INF / 2:
+                m = add_arc(2 * i + 1, 2 * j, INF, first, nxt, to, frm, res, m)
+    flow = warm_start(m, s_node, t_node, first, nxt, to, frm, res, prev, prev_to, prev_frm,
+                      prev_flow, exc, queue, level)
+    flow += saturate_pairs(n, m, to, frm, res, arc_s, arc_t)
+    flow += dinic(nv, s_node, t_node, first, nxt, to, frm, res, level, it, queue, path)
+    if flow >= INF / 2:
         return 1, 0.0
+    save_flow(m, to, frm, res, prev, prev_to, prev_frm, prev_flow)
     # Source side of the minimal min cut: reachable from S in the residual network.
     for v in range(nv):
         level[v] = 0
@@ -185,7 +134,7 @@ def _pd_step(d, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr, pred_idx, succ_ptr
         qh += 1
         e = first[u]
         while e != -1:
-            if res[e] > _EPS and level[to[e]] == 0:
+            if res[e] > EPS and level[to[e]] == 0:
                 level[to[e]] = 1
                 queue[qt] = to[e]
                 qt += 1
@@ -206,15 +155,19 @@ def _pd_step(d, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr, pred_idx, succ_ptr
 
 
 @njit(cache=True)
-def pd_run(d, max_steps, out, changes, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr, pred_idx,
-            succ_ptr, succ_idx, es, ls, first, nxt, to, frm, res, level, it, queue,
-            path):
+def pd_run(d, max_steps, warm, out, changes, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr,
+           pred_idx, succ_ptr, succ_idx, es, ls, first, nxt, to, frm, res, level, it, queue,
+           path, arc_s, arc_t, prev, prev_to, prev_frm, prev_flow, exc):
     """Up to `max_steps` steps; row k of `out` gets the durations after step k. Returns the
-    number of steps done and whether the fastest makespan was reached."""
+    number of steps done and whether the fastest makespan was reached. `warm`: each step's max
+    flow starts from the last one's where it can (False: from zero, the same cuts, slower)."""
     for k in range(max_steps):
+        if not warm:
+            prev[0] = -1
         status, change = _pd_step(d, blk, qmin, qmax, tab_ptr, cost_tab, pred_ptr, pred_idx,
                                   succ_ptr, succ_idx, es, ls, first, nxt, to, frm, res, level,
-                                  it, queue, path)
+                                  it, queue, path, arc_s, arc_t, prev, prev_to, prev_frm,
+                                  prev_flow, exc)
         if status != 0:
             return k, True
         out[k, :] = d
@@ -259,58 +212,111 @@ def evaluate_rows(rows, blk, tab_ptr, qmin, opt_tab, opt_ptr, opt_time, opt_ener
 
 
 @njit(cache=True)
-def polish_kernel(freq, blk, opt_ptr, opt_freq, opt_time, opt_energy, pred_ptr, pred_idx,
-                   succ_ptr, succ_idx, p_block):
-    """Slow every instruction into its slack without lengthening the iteration.
+def _option_index(f, lo, hi, opt_freq, descending):
+    """Index of the last option of block [lo, hi) at clock f (−1: none): a binary search where
+    the clocks are descending (`descending`, as profiles keep them), else a scan."""
+    if descending:
+        a, z = lo, hi
+        while a < z:  # first index whose clock is below f
+            mid = (a + z) // 2
+            if opt_freq[mid] >= f:
+                a = mid + 1
+            else:
+                z = mid
+        return a - 1 if a > lo and opt_freq[a - 1] == f else -1
+    found = -1
+    for k in range(lo, hi):
+        if opt_freq[k] == f:
+            found = k
+    return found
+
+
+@njit(cache=True)
+def _best_option(cur, t_cur, window, lo, hi, opt_time, opt_energy, time_ord, sorted_time, buf,
+                 p_block):
+    """The option of least effective energy among those of block [lo, hi) taking between
+    t_cur and window, `cur` unless one is cheaper by over 1e-12 J (the first in block order
+    on near-ties)."""
+    a = lo + np.searchsorted(sorted_time[lo:hi], t_cur, side="left")
+    z = lo + np.searchsorted(sorted_time[lo:hi], window, side="right")
+    best, best_c = cur, opt_energy[cur] - p_block * opt_time[cur]
+    if 4 * (z - a) >= hi - lo:  # many fit: scan the block
+        for k in range(lo, hi):
+            if opt_time[k] >= t_cur and opt_time[k] <= window:
+                c = opt_energy[k] - p_block * opt_time[k]
+                if c < best_c - 1e-12:
+                    best, best_c = k, c
+        return best
+    r = 0
+    for q in range(a, z):  # the ones that fit, insertion-sorted into block order
+        k = time_ord[q]
+        j = r
+        while j > 0 and buf[j - 1] > k:
+            buf[j] = buf[j - 1]
+            j -= 1
+        buf[j] = k
+        r += 1
+    for j in range(r):
+        k = buf[j]
+        c = opt_energy[k] - p_block * opt_time[k]
+        if c < best_c - 1e-12:
+            best, best_c = k, c
+    return best
+
+
+@njit(cache=True)
+def polish_rows(freqs, blk, opt_ptr, opt_freq, opt_time, opt_energy, next_time, time_ord,
+                pred_ptr, pred_idx, succ_ptr, succ_idx, p_block):
+    """Slow every instruction of each plan (row of clocks) into its slack without lengthening
+    the iteration; returns the polished (clocks, times, energies), one row per plan.
 
     Reverse topological sweep: node i may take any option no faster than its current one that
     fits between its earliest start (predecessors at their current speeds) and the latest start
     of its successors (already placed as late as possible); it takes the one of least effective
     energy E − P_block·t. Predecessors keep room for their current speed, so the makespan does
-    not grow and the plan's energy does not rise.
+    not grow and the plan's energy does not rise. `next_time[k]`: the least time of another
+    option of k's block no faster than k (inf: none); a node whose window ends before it keeps
+    its option without a look at the others. `time_ord`: each block's options by time (stable);
+    the options that fit are a range of it, visited in the block's order (`_best_option`).
     """
-    n = len(freq)
+    rows, n = freqs.shape
+    descending = True  # within every block; strictly: no clock twice, an option is its clock's
+    strict = True
+    for b in range(len(opt_ptr) - 1):
+        for k in range(opt_ptr[b], opt_ptr[b + 1] - 1):
+            descending = descending and opt_freq[k + 1] <= opt_freq[k]
+            strict = strict and opt_freq[k + 1] < opt_freq[k]
+    out_f = np.empty((rows, n))
+    out_t = np.empty((rows, n))
+    out_e = np.empty((rows, n))
     cur = np.empty(n, np.int64)
     t = np.empty(n)
-    for i in range(n):
-        b = blk[i]
-        cur[i] = opt_ptr[b]
-        for k in range(opt_ptr[b], opt_ptr[b + 1]):
-            if opt_freq[k] == freq[i]:
-                cur[i] = k
-        t[i] = opt_time[cur[i]]
-    ef = finish_times_kernel(t, pred_ptr, pred_idx)
-    makespan = ef.max()
     ls = np.empty(n)
-    out = np.empty(n)
-    for i in range(n - 1, -1, -1):
-        lf = makespan
-        for k in range(succ_ptr[i], succ_ptr[i + 1]):
-            lf = min(lf, ls[succ_idx[k]])
-        window = lf - (ef[i] - t[i])
-        best = cur[i]
-        best_c = opt_energy[best] - p_block * opt_time[best]
-        b = blk[i]
-        for k in range(opt_ptr[b], opt_ptr[b + 1]):
-            if opt_time[k] >= t[i] and opt_time[k] <= window:
-                c = opt_energy[k] - p_block * opt_time[k]
-                if c < best_c - 1e-12:
-                    best, best_c = k, c
-        ls[i] = lf - opt_time[best]
-        out[i] = opt_freq[best]
-    return out
-
-
-
-@njit(cache=True)
-def lookup_options(freq, blk, opt_ptr, opt_freq, opt_time, opt_energy):
-    n = len(freq)
-    t = np.empty(n)
-    e = np.empty(n)
-    for i in range(n):
-        b = blk[i]
-        for k in range(opt_ptr[b], opt_ptr[b + 1]):
-            if opt_freq[k] == freq[i]:
-                t[i] = opt_time[k]
-                e[i] = opt_energy[k]
-    return t, e
+    sorted_time = opt_time[time_ord]
+    buf = np.empty(len(opt_time), np.int64)
+    for r in range(rows):
+        for i in range(n):
+            b = blk[i]
+            k = _option_index(freqs[r, i], opt_ptr[b], opt_ptr[b + 1], opt_freq, descending)
+            cur[i] = opt_ptr[b] if k < 0 else k
+            t[i] = opt_time[cur[i]]
+        ef = finish_times_kernel(t, pred_ptr, pred_idx)
+        makespan = ef.max()
+        for i in range(n - 1, -1, -1):
+            lf = makespan
+            for k in range(succ_ptr[i], succ_ptr[i + 1]):
+                lf = min(lf, ls[succ_idx[k]])
+            window = lf - (ef[i] - t[i])
+            b = blk[i]
+            best = cur[i]
+            if window >= next_time[best]:
+                best = _best_option(best, t[i], window, opt_ptr[b], opt_ptr[b + 1], opt_time,
+                                    opt_energy, time_ord, sorted_time, buf, p_block)
+            ls[i] = lf - opt_time[best]
+            f = opt_freq[best]
+            k = best if strict else _option_index(f, opt_ptr[b], opt_ptr[b + 1], opt_freq,
+                                                  descending)
+            out_f[r, i] = f
+            out_t[r, i] = opt_time[k]
+            out_e[r, i] = opt_energy[k]
+    return out_f, out_t, out_e
