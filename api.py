@@ -34,6 +34,7 @@ from trainsim.search.hetero.objectives import with_prices
 from trainsim.search.hetero.pareto import ParetoPoint
 from trainsim.search.hetero.sweep import compositions, parse_range
 from trainsim.search.hetero.sweep import sweep as sweep_compositions
+from trainsim.search.intraop.planner import IntraopResult, run_intraop
 from trainsim.search.methods import get_planner
 from trainsim.search.microbatch.planner import METHODS as MICROBATCH_METHODS
 from trainsim.search.microbatch.planner import MethodResult, MicroBatchPlanner
@@ -89,6 +90,7 @@ __all__ = [
     "energy_frontier",
     "energy_pick",
     "estimate_tasks",
+    "intraop",
     "list_models",
     "load_cluster",
     "load_cost_model",
@@ -449,6 +451,23 @@ def search_options(profile: str | Path | None, model: ModelSpec, cluster: str | 
         raise SpecError(f"--profile {str(profile)!r} is neither a folder nor a file")
     cost = cost_model_for(cluster, profile)
     return None if cost is None else LoweringOptions(cost_model=cost)
+
+
+def intraop(model: str | ModelSpec, cluster: str | Cluster, *, method: str = "intraop",
+            global_batch: int = 8, mesh: str | tuple[int, ...] | None = None,
+            memory_limit_gb: float | None = None, time_limit_s: float = 60.0,
+            recompute: bool = False) -> IntraopResult:
+    """Intra-operator sharding search (`sim search --method intraop|alpa|megatron`): CFP's
+    ParallelBlocks with a DP over repeated segments, an Alpa-style ILP, or Megatron's hand
+    tensor parallelism on a 1-D or 2-D mesh, each plan scored on the engine.
+
+    Raises:
+        SpecError: bad method, mesh or model. IntraopMemoryError: no plan fits the limit (the
+            message names the smallest limit any plan meets).
+    """
+    return run_intraop(load_model(model), load_cluster(cluster), method=method,
+                       global_batch=global_batch, mesh=mesh, memory_limit_gb=memory_limit_gb,
+                       time_limit_s=time_limit_s, recompute=recompute)
 
 
 def search(model: str | ModelSpec, cluster: str | Cluster, *, global_batch: int,

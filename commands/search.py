@@ -19,6 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from trainsim import api
+from trainsim.commands.intraop import INTRAOP_METHODS, intraop_search
 from trainsim.commands.output import check_out_dir, dumps, user_errors
 from trainsim.search.exports import SEARCH_OUTPUT_FILES
 from trainsim.search.hetero.objectives import check_limits, limit_miss, parse_prices, run_totals
@@ -27,7 +28,8 @@ from trainsim.workloads.plan import ParallelPlan
 
 _METHOD = typer.Option("grid", "--method", help="grid (Megatron-LM uniform), aceso, or for "
                        "clusters of several GPU types hetero (ours), fasop (FASOP's search "
-                       "on our Oracle) or uniform (Megatron-LM, nodes as written).")
+                       "on our Oracle) or uniform (Megatron-LM, nodes as written); intra-op "
+                       "sharding: intraop (CFP), alpa (ILP) or megatron (hand TP).")
 _MODEL = typer.Option(..., "--model", help="Zoo model name or model file.")
 _CLUSTER = typer.Option(..., "--cluster", help="Cluster spec, e.g. 4xV100-PCIe-32GB.")
 _BATCH = typer.Option(..., "--global-batch", help="Samples per iteration.")
@@ -50,6 +52,9 @@ _BUDGET_USD = typer.Option(None, "--budget-usd", help="Fail (exit 1, saying how 
                            "came) when the run over --tokens costs more.")
 _DEADLINE = typer.Option(None, "--deadline-days", help="Fail (exit 1, saying how close the best "
                          "came) when the run over --tokens takes longer.")
+_MESH = typer.Option(None, "--mesh", help="intraop/alpa/megatron: device mesh, e.g. 8 or 2x4 "
+                     "(default: 1-D over every GPU).")
+
 
 @user_errors
 def search_command(
@@ -59,8 +64,14 @@ def search_command(
     objective: str = _OBJ, top: int = _TOP, out: Path | None = _OUT, force: bool = _FORCE,
     as_json: bool = _JSON, price: list[str] | None = _PRICE, tokens: float | None = _TOKENS,
     budget_usd: float | None = _BUDGET_USD, deadline_days: float | None = _DEADLINE,
+    mesh: str | None = _MESH,
 ) -> None:
     """Search parallel plans for MODEL on CLUSTER and print the best ones."""
+    if method in INTRAOP_METHODS:
+        intraop_search(method=method, model=model, cluster=cluster, global_batch=global_batch,
+                       mesh=mesh, memory_limit_gb=memory_limit_gb, time_limit_s=time_budget_s,
+                       out=out, force=force, as_json=as_json)
+        return
     prices = parse_prices(price)
     check_limits(tokens, budget_usd, deadline_days)
     check_out_dir(out, SEARCH_OUTPUT_FILES, force)

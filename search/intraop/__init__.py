@@ -1,10 +1,17 @@
-"""Intra-operator sharding search (CFP's ParallelBlocks vs an Alpa-style ILP): to come.
+"""Intra-operator sharding search (issue 17): CFP's ParallelBlocks against an Alpa-style ILP.
 
-This package will hold the planner that chooses a sharding strategy per block of operators —
-CFP's profiling of a few ParallelBlock segments, and an Alpa-style integer program over every
-op as the reference — costing the chosen plans on the Oracle.
+Both planners choose an SPMD strategy per op (workloads/sharding/) on a 1-D or 2-D device mesh
+and hand the plan to the same Oracle — the whole iteration lowered to a Program
+(`program.py`) and run by the numba engine:
 
-Every planner package has the same shape: `planner.py` is the entry (a `search.planner.Planner`
-or a function returning ranked plans), the algorithm lives in its own modules beside it, and
-plotting / export modules turn results into HTML and files a runtime consumes.
+* `blocks.py`   ParallelBlocks: ops inside which a sharding propagates with no collective;
+* `costs.py`    prices: the engine's (`OraclePricing`) and Alpa's α-β model;
+* `problem.py`  block option times and memory, inter-block resharding costs;
+* `alpa.py`     Alpa's ILP (scipy.optimize.milp / HiGHS), with its MIP gap;
+* `cfp.py`      CFP: Oracle runs per distinct block, DP over repeated segments, memory limit
+                by Lagrangian bisection and an outer knapsack over layers;
+* `megatron.py` Megatron-LM's hand tensor parallelism, the baseline;
+* `planner.py`  the entry, `run_intraop(model, cluster, method="intraop" | "alpa" |
+                "megatron")`, and what CFP does beyond the paper (gradient-overlap re-solve,
+                engine polish of segment boundaries, per-block recompute).
 """

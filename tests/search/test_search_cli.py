@@ -49,7 +49,7 @@ def test_out_writes_exports_and_refuses_to_overwrite(capsys, tmp_path: Path) -> 
 
 def test_unknown_method_is_one_error_line(capsys) -> None:
     """An unknown --method exits 2 naming the valid ones."""
-    code, _, err = _run(capsys, "--method", "alpa", *ARGS)
+    code, _, err = _run(capsys, "--method", "annealing", *ARGS)
     assert code == 2 and "grid" in err and "aceso" in err
 
 
