@@ -29,6 +29,7 @@ from trainsim.simulator.actions import (
     read_schedule_csv,
     validate_schedule,
 )
+from trainsim.simulator.cyclic_schedule import capped_cyclic, parse_cyclic_name, wait_free_cyclic
 from trainsim.simulator.schedule_dryrun import DryRun, dry_run, peak_in_flight, unit_time_makespan
 from trainsim.simulator.torch_schedules import from_torch, resolve_class_name
 
@@ -256,6 +257,7 @@ _BUILDERS: dict[str, ScheduleBuilder] = {
     "interleaved_1f1b": _interleaved,
     "zb-h1": _single_stage(zb_h1, "zb-h1"),
     "zbh1": _single_stage(zb_h1, "zb-h1"),
+    "cyclic": _single_stage(wait_free_cyclic, "cyclic"),  # DynaPipe (simulator/cyclic_schedule.py)
 }
 
 
@@ -266,7 +268,8 @@ def schedule_names() -> list[str]:
 
 def get_schedule(name: str) -> ScheduleBuilder:
     """The builder for a schedule name: ``gpipe``, ``1f1b``, ``interleaved`` (alias
-    ``interleaved_1f1b``), ``zb-h1`` (alias ``zbh1``) or ``torch:<ClassName>``.
+    ``interleaved_1f1b``), ``zb-h1`` (alias ``zbh1``), ``cyclic`` / ``cyclic-K`` (DynaPipe's
+    wait-free cyclic order, capped at K micro-batches in flight) or ``torch:<ClassName>``.
 
     The builder is called as ``builder(num_ranks, num_micro_batches, stages_per_rank=1)``.
 
@@ -277,6 +280,9 @@ def get_schedule(name: str) -> ScheduleBuilder:
     key = name.strip()
     if key.lower().startswith("torch:"):
         return partial(from_torch, resolve_class_name(key.split(":", 1)[1]))
+    cap = parse_cyclic_name(key)
+    if cap is not None and cap is not False:  # "cyclic-K": at most K micro-batches in flight
+        return _single_stage(capped_cyclic(cap), key)
     builder = _BUILDERS.get(key.lower())
     if builder is None:
         raise unknown_name("schedule", name, [*_BUILDERS, "torch:<ClassName>"])

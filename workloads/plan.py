@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +42,9 @@ from trainsim.workloads.plan_op_tp import (
     stage_op_tp_maps,
 )
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "explicit")
-"""Built-in schedule names; `torch:<ScheduleClass>` imports one from torch.distributed.pipelining."""
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "explicit", "cyclic")
+"""Built-in schedule names; `torch:<ScheduleClass>` imports one from torch.distributed.pipelining;
+`cyclic-K` is DynaPipe's cyclic order with at most K micro-batches in flight per rank."""
 SCHEDULE_ALIASES = {"interleaved_1f1b": "interleaved", "zbh1": "zb-h1", "zb_h1": "zb-h1",
                     "pipedream-flush": "1f1b", "1F1B": "1f1b"}
 RECOMPUTE_POLICIES = ("none", "selective", "full")
@@ -101,6 +103,8 @@ def normalise_schedule(name: str) -> str:
                             "e.g. torch:Schedule1F1B")
         return name
     canonical = SCHEDULE_ALIASES.get(name, name.lower())
+    if re.fullmatch(r"cyclic-[1-9][0-9]*", canonical):  # simulator/cyclic_schedule.py
+        return canonical
     if canonical not in SCHEDULES:
         raise PlanError(f"plan.schedule: {unknown_name('schedule', name, [*SCHEDULES, 'torch:<Class>'])}")
     return canonical
@@ -166,7 +170,7 @@ class ParallelPlan:
     """Per-physical-stage per-op degrees, one {op name: degree} map per stage (overrides
     `op_tp` for the ops it names)."""
     schedule: str = "1f1b"
-    """gpipe, 1f1b, interleaved, zb-h1, explicit, or torch:<ScheduleClass>."""
+    """gpipe, 1f1b, interleaved, zb-h1, explicit, cyclic, cyclic-K, or torch:<ScheduleClass>."""
     virtual_stages: int = 1
     """Model chunks per pipeline rank (interleaved schedules)."""
     order: tuple[tuple[str, ...], ...] | None = None

@@ -4,9 +4,11 @@ A `Batching` is what the engine replays: each data-parallel replica's micro-batc
 with the real and the padded token counts so padding efficiency can be shown.
 
 Baselines (as DynaPipe compares against them):
-* `packing` -- Megatron-LM: samples concatenated into rows of exactly max_len tokens (an
-  encoder-decoder row holds whole (input, target) pairs while both fit max_len / max_target),
-  rows grouped into fixed micro-batches, the rows split evenly over the replicas.
+* `packing` -- Megatron-LM's --pack-dataset, DynaPipe's baseline: whole samples, in data
+  order, concatenated into rows while they fit max_len (encoder-decoder: (input, target) pairs
+  while both fit max_len / max_target), each row padded to max_len; rows grouped into fixed
+  micro-batches, the rows split evenly over the replicas. The batch's last, part-filled row
+  is left to the next batch (Megatron packs the dataset, not each batch).
 * `token_budget` -- greedy: in data order, a micro-batch takes samples while its padded size
   (samples x longest) stays within a token budget.
 * `fixed` -- a fixed number of samples per micro-batch, in data order, each padded to its
@@ -67,14 +69,19 @@ def packing(inputs: np.ndarray, targets: np.ndarray, *, max_len: int, max_target
             micro_batch_size: int, dp: int) -> Batching:
     """Megatron-style packing into max-length rows (module docstring)."""
     enc_dec = bool(np.any(targets))
-    if enc_dec:
-        rows, used_in, used_t = 0, max_len, max_target
-        for i, t in zip(inputs, targets):
-            if used_in + i > max_len or used_t + t > max_target:
-                rows, used_in, used_t = rows + 1, 0, 0
-            used_in, used_t = used_in + int(i), used_t + int(t)
-    else:
-        rows = int(-(-int(inputs.sum()) // max_len))
+    # next fit, whole samples, as Megatron-LM's --pack-dataset in DynaPipe's artifact
+    # (chenyu-jiang/Megatron-LM, megatron/data/t5_dataset.py `run_pack_samples`, which GPT
+    # reuses with input + target as one sequence): a sample that does not fit starts a new row
+    rows, used_in, used_t = 0, max_len, max_target
+    for i, t in zip(inputs, targets):
+        if used_in + i > max_len or (enc_dec and used_t + t > max_target):
+            rows, used_in, used_t = rows + 1, 0, 0
+        used_in, used_t = used_in + int(i), used_t + int(t)
+    real = _tokens(inputs, targets)
+    if rows > dp and used_in < max_len:
+        # Megatron packs the whole dataset and takes whole rows per batch, so a batch's last,
+        # part-filled row is the next batch's first: leave it (and its samples) to it
+        rows, real = rows - 1, real - used_in - used_t
     if rows < dp:
         raise SpecError(f"packing: the batch fills {rows} rows of {max_len} tokens but dp={dp} "
                         f"replicas each need one; raise --tokens-per-batch or lower --dp")
@@ -87,7 +94,7 @@ def packing(inputs: np.ndarray, targets: np.ndarray, *, max_len: int, max_target
             ms.append(_mb(b, max_len, max_target if enc_dec else 0))
             left -= b
         replicas.append(tuple(ms))
-    return Batching(replicas=tuple(replicas), real_tokens=_tokens(inputs, targets),
+    return Batching(replicas=tuple(replicas), real_tokens=real,
                     padded_tokens=rows * (max_len + (max_target if enc_dec else 0)),
                     note=f"rows of {max_len}" + (f"+{max_target}" if enc_dec else "")
                     + f", {micro_batch_size} rows per micro-batch")

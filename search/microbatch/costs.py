@@ -57,7 +57,7 @@ class MicroBatchCosts:
     def __init__(self, model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
                  recompute: str = "none", dtype: str | None = None, max_len: int,
                  max_target_len: int = 0, cost_model: OpCostModel | None = None,
-                 max_batch: int = 1024) -> None:
+                 max_batch: int = 1024, zero: int = 0, dp: int = 1) -> None:
         self.model, self.gpu, self.tp, self.pp, self.recompute = model, gpu, tp, pp, recompute
         self.dtype = dtype or ("bf16" if model.dtype == "bf16" else "fp16")
         self.cost_model = cost_model or RooflineCostModel()
@@ -74,6 +74,8 @@ class MicroBatchCosts:
         blocks = (model.num_layers + (model.decoder_layers if self.encoder_decoder else 0))
         self.counts = uniform_split(blocks, pp)
         w, g, o = optimizer_bytes_per_param(self.dtype)
+        # ZeRO-1 shards the optimizer states over dp, ZeRO-2 the gradients too (as the lowering)
+        o, g = o / (dp if zero >= 1 else 1), g / (dp if zero >= 2 else 1)
         graph = build_graph(model, 1, PAD) if not self.encoder_decoder else \
             build_graph(dataclasses.replace(model, decoder_seq_len=PAD), 1, PAD)
         stages = partition_layers(graph, self.counts)
@@ -82,7 +84,7 @@ class MicroBatchCosts:
                               recompute="none", cost_model=self.cost_model, gpu=gpu,
                               freq_mhz=None, dtype=self.dtype).params * (w + g + o)
             for idx in stages)
-        """Weights, gradients and Adam states of the fullest stage (no ZeRO)."""
+        """Weights, gradients and Adam states of the fullest stage (ZeRO-1/2: sharded)."""
 
     # ------------------------------------------------------------------ exact
     def exact(self, b: int, s: int, t: int = 0) -> Figures:
@@ -121,7 +123,12 @@ class MicroBatchCosts:
 
     def _interp(self, what: str, b: ArrayLike, s: ArrayLike, t: ArrayLike | None
                 ) -> np.ndarray:
-        grid = self._table()[what]
+        return self._interp_many((what,), b, s, t)[0]
+
+    def _interp_many(self, whats: tuple[str, ...], b: ArrayLike, s: ArrayLike,
+                     t: ArrayLike | None) -> list[np.ndarray]:
+        """Several figures at the same points, the interpolation weights computed once."""
+        tables = self._table()
         lb = np.log2(np.clip(np.asarray(b, dtype=float), 1, self.b_grid[-1]))
         ib = np.clip(np.floor(lb).astype(int), 0, len(self.b_grid) - 2) \
             if len(self.b_grid) > 1 else np.zeros_like(lb, dtype=int)
@@ -129,21 +136,34 @@ class MicroBatchCosts:
         s = np.clip(np.asarray(s, dtype=float), self.s_grid[0], self.s_grid[-1])
         js = np.clip(np.searchsorted(self.s_grid, s) - 1, 0, len(self.s_grid) - 2)
         ws = (s - self.s_grid[js]) / (self.s_grid[js + 1] - self.s_grid[js])
+        ib1 = np.minimum(ib + 1, len(self.b_grid) - 1)
         if self.encoder_decoder and len(self.t_grid) > 1:
             tt = np.clip(np.asarray(t if t is not None else 0, dtype=float),
                          self.t_grid[0], self.t_grid[-1])
             kt = np.clip(np.searchsorted(self.t_grid, tt) - 1, 0, len(self.t_grid) - 2)
             wt = (tt - self.t_grid[kt]) / (self.t_grid[kt + 1] - self.t_grid[kt])
-        else:
-            kt, wt = np.zeros_like(js), np.zeros_like(ws)
-        ib1 = np.minimum(ib + 1, len(self.b_grid) - 1)
-        kt1 = np.minimum(kt + 1, len(self.t_grid) - 1)
-        out = np.zeros(np.broadcast(lb, s).shape)
-        for bi, bw in ((ib, 1 - wb), (ib1, wb)):
-            for si, sw in ((js, 1 - ws), (js + 1, ws)):
-                for ti, tw in ((kt, 1 - wt), (kt1, wt)):
-                    out = out + bw * sw * tw * grid[bi, si, ti]
-        return out * np.asarray(b, dtype=float)
+            t_corners: tuple[tuple[np.ndarray, np.ndarray], ...] = ((kt, 1 - wt), (kt + 1, wt))
+        else:  # one target point: its weight is 1
+            t_corners = ((np.zeros_like(js), np.ones_like(ws)),)
+        corners = [(bi, si, ti, bw * sw * tw)
+                   for bi, bw in ((ib, 1 - wb), (ib1, wb))
+                   for si, sw in ((js, 1 - ws), (js + 1, ws))
+                   for ti, tw in t_corners]
+        scale = np.asarray(b, dtype=float)
+        shape = np.broadcast(lb, s).shape
+        outs = []
+        for what in whats:
+            grid, out = tables[what], np.zeros(shape)
+            for bi, si, ti, w in corners:
+                out = out + w * grid[bi, si, ti]
+            outs.append(out * scale)
+        return outs
+
+    def all(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(time, kept, extra) of micro-batches, interpolated in one pass."""
+        time_s, kept, extra = self._interp_many(("time", "kept", "extra"), b, s, t)
+        return time_s, kept, extra
 
     def time(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None) -> np.ndarray:
         """Interpolated bottleneck-stage time of micro-batches (b samples, length s, target t)."""

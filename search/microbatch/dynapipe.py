@@ -29,6 +29,7 @@ import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 
 from trainsim.search.microbatch.costs import MicroBatchCosts, pad
+from trainsim.search.microbatch.kernels import dp_all
 
 CLUSTER_DISTANCE = 16.0
 """Complete-linkage cut for (input, target) points (DynaPipe's default)."""
@@ -104,8 +105,9 @@ def segment_tables(costs: MicroBatchCosts, inputs: np.ndarray, targets: np.ndarr
     size = j - i
     time = np.full((n + 1, n + 1), np.inf)
     kept = np.full((n + 1, n + 1), np.inf)
-    time[i, j] = costs.time(size, s, t)
-    kept[i, j] = costs.kept(size, s, t) + costs.extra(size, s, t) / max(costs.pp, 1)
+    seg_time, seg_kept, seg_extra = costs.all(size, s, t)
+    time[i, j] = seg_time
+    kept[i, j] = seg_kept + seg_extra / max(costs.pp, 1)
     return time, kept
 
 
@@ -240,9 +242,10 @@ def _assign(costs: MicroBatchCosts, order: np.ndarray, x_in: np.ndarray,
             ) -> Split:
     """Segments (at least one per replica) balanced over the replicas by Karmarkar–Karp."""
     segments = _at_least(segments, dp)
-    seg_cost = [float(costs.time(b - a, pad(x_in[a:b].max()),
-                                 None if x_t is None else pad(x_t[a:b].max())))
-                for a, b in segments]
+    size = np.array([b - a for a, b in segments], dtype=float)
+    s_in = pad(np.array([x_in[a:b].max() for a, b in segments]))
+    s_t = None if x_t is None else pad(np.array([x_t[a:b].max() for a, b in segments]))
+    seg_cost = [float(c) for c in costs.time(size, s_in, s_t)]  # one vectorised call
     groups = karmarkar_karp(seg_cost, dp)
     for part in groups:  # every replica needs a micro-batch: take the cheapest from the fullest
         if not part:
@@ -281,7 +284,15 @@ def _at_least(segments: list[tuple[int, int]], parts: int) -> list[tuple[int, in
 
 def _dp_all(time: np.ndarray, bounds: np.ndarray, n: int) -> np.ndarray:
     """best[k, j]: least summed cost of splitting samples [0, j) with every segment at most
-    bounds[k] (all bounds at once)."""
+    bounds[k] (all bounds at once; compiled in kernels.py, `_dp_all_numpy` the reference)."""
+    b = np.ascontiguousarray(bounds, dtype=float)
+    if len(b) > 1 and np.any(np.diff(b) < 0):
+        return _dp_all_numpy(time, b, n)
+    return dp_all(np.ascontiguousarray(time[:n + 1, :n + 1], dtype=float), b)
+
+
+def _dp_all_numpy(time: np.ndarray, bounds: np.ndarray, n: int) -> np.ndarray:
+    """`_dp_all` as numpy row operations (reference for the compiled kernel)."""
     best = np.full((len(bounds), n + 1), np.inf)
     best[:, 0] = 0.0
     for j in range(1, n + 1):

@@ -9,14 +9,23 @@ not run out of memory. Methods:
 
 * `packing`, `token-budget`, `fixed` -- the baselines; each fixes its setting (rows or samples
   per micro-batch, token budget) once, on the first batch, to the one the cost model rates
-  fastest that fits, as a user would tune it; 1F1B. Packed rows need a block-diagonal
-  attention mask, so packing runs `packing_attention` (default eager: FlashAttention-2, which
-  Megatron-LM used in 2023, takes causal masks only -- assumed, as in DynaPipe's baseline).
+  fastest that fits, as a user would tune it; 1F1B. Packing runs `packing_attention` (default
+  eager). DynaPipe's baseline (its artifact, chenyu-jiang/Megatron-LM branch dynapipe:
+  run_experiment.py passes --pack-dataset, no --use-flash-attn and no --reset-attention-mask)
+  packs samples into max-length rows under the plain causal mask, so attention spans the row,
+  with Megatron's eager attention -- which DynaPipe itself also ran: compare methods on one
+  kernel (give the model `attention="eager"`, as bench/microbatch.py does), or packing's
+  eager rows meet FlashAttention micro-batches.
 * `dynapipe` -- faithful: ordering, DP over thinned t_max candidates, Karmarkar–Karp; 1F1B or
-  interleaved 1F1B, whichever the engine finds faster.
+  DynaPipe's wait-free cyclic order (simulator/cyclic_schedule.py; uncapped, then capped to
+  the activation budget), whichever the engine finds fastest within memory. These are the
+  two DynaPipe offers for a linear layer placement (dynapipe/pipe/utils.py,
+  `validate_device_assignment`), the placement its artifact runs (chenyu-jiang/Megatron-LM
+  run_experiment.py, `get_layer_to_device`); its interleaved 1F1B needs an interleaved
+  placement, which it refuses for decoder-only models.
 * `ours` -- the exact t_max search and, jointly, per iteration: that split or the thinned one,
-  on 1F1B, interleaved or ZB-H1, whichever replays fastest within memory; `ours-1f1b` the
-  exact split on 1F1B only (what the joint choice adds).
+  on 1F1B, interleaved, ZB-H1 or cyclic, whichever replays fastest within memory; `ours-1f1b`
+  the exact split on 1F1B only (what the joint choice adds).
 
 Reported per method: real tokens/s (padding excluded), padding efficiency, peak memory,
 recompute used, schedule chosen and planning time (forming the micro-batches, without the
@@ -39,6 +48,7 @@ from trainsim.hwmodels.cluster import Cluster
 from trainsim.search.microbatch.batching import Batching, dynapipe, fixed, packing, token_budget
 from trainsim.search.microbatch.costs import MicroBatchCosts
 from trainsim.search.oracle import Oracle, Summary
+from trainsim.simulator.cyclic_schedule import cyclic_cap
 from trainsim.workloads.lengths import LengthDataset, Sample
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.plan import ParallelPlan
@@ -48,8 +58,11 @@ MAX_SAMPLES = 1024
 METHODS = ("packing", "token-budget", "fixed", "dynapipe", "ours-1f1b", "ours")
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = {"packing": ("1f1b",), "token-budget": ("1f1b",), "fixed": ("1f1b",),
-             "dynapipe": ("1f1b", "interleaved"), "ours-1f1b": ("1f1b",),
-             "ours": ("1f1b", "interleaved", "zb-h1")}
+             "dynapipe": ("1f1b", "cyclic"), "ours-1f1b": ("1f1b",),
+             "ours": ("1f1b", "interleaved", "zb-h1", "cyclic")}
+"""Schedules each method replays per iteration; "cyclic" stands for DynaPipe's wait-free
+cyclic order uncapped and, when the first stage's activations need it, capped
+(`cyclic_schedules`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +123,16 @@ class MicroBatchPlanner:
 
     def __init__(self, model: ModelSpec, cluster: Cluster, *, dp: int, tp: int = 1, pp: int = 1,
                  max_len: int, max_target_len: int = 0, packing_attention: str = "eager",
-                 memory_limit_bytes: float | None = None) -> None:
+                 memory_limit_bytes: float | None = None, zero: int = 0) -> None:
         if dp * tp * pp != cluster.num_gpus:
             raise SpecError(f"dp×tp×pp = {dp}×{tp}×{pp} = {dp * tp * pp} but the cluster has "
                             f"{cluster.num_gpus} GPUs")
         self.model, self.cluster = model, cluster
         self.dp, self.tp, self.pp = dp, tp, pp
+        if zero not in (0, 1, 2):
+            raise SpecError(f"zero={zero!r}: micro-batching runs replicas on different "
+                            f"micro-batches, so ZeRO 0, 1 or 2 (stage 3 gathers in lockstep)")
+        self.zero = zero
         self.max_len, self.max_target = max_len, max_target_len
         self.packed_model = dataclasses.replace(model, attention=packing_attention)
         gpu = cluster.gpu(0)
@@ -136,7 +153,7 @@ class MicroBatchPlanner:
             self._costs[key] = MicroBatchCosts(
                 self.packed_model if packed else self.model, self.gpu, tp=self.tp, pp=self.pp,
                 recompute=recompute, max_len=self.max_len, max_target_len=self.max_target,
-                max_batch=256)
+                max_batch=256, zero=self.zero, dp=self.dp)
         return self._costs[key]
 
     def oracle(self, method: str) -> Oracle:
@@ -239,7 +256,7 @@ class MicroBatchPlanner:
         oracle = self.oracle(method)
         best: tuple[Summary, str, ParallelPlan, Batching] | None = None
         for option in options:
-            for sched in SCHEDULES[method]:
+            for sched in self.cyclic_schedules(SCHEDULES[method], option, rc):
                 plan = self._plan(option, rc, sched)
                 if plan is None:
                     continue
@@ -269,6 +286,25 @@ class MicroBatchPlanner:
                 break
         return options, rc, time.perf_counter() - t0 - (self._build_s() - built)
 
+    def cyclic_schedules(self, names: Sequence[str], b: Batching, recompute: str
+                         ) -> list[str]:
+        """`names` with "cyclic" expanded as DynaPipe tries it: first without a memory limit,
+        then -- when the first stage's activations could pass the budget -- capped at the most
+        micro-batches in flight that fit (`cyclic_cap`: any run of consecutive micro-batches
+        of that length fits, and the cyclic order keeps them in order)."""
+        out = [n for n in names if n != "cyclic"]
+        if "cyclic" not in names or self.pp < 2:
+            return out
+        c = self.costs(recompute, packed=False)
+        kept, extra = [], 0.0
+        for ms in b.replicas:
+            shapes = np.array([(m.batch_size, m.seq_len, m.target_len) for m in ms], float)
+            t = shapes[:, 2] if c.encoder_decoder else None
+            kept.append(c.kept(shapes[:, 0], shapes[:, 1], t))
+            extra = max(extra, float(np.max(c.extra(shapes[:, 0], shapes[:, 1], t))))
+        cap = cyclic_cap(kept, self.activation_budget(recompute) - extra, self.pp)
+        return [*out, "cyclic", *([f"cyclic-{cap}"] if cap is not None else [])]
+
     def _rank(self, s: Summary) -> tuple[bool, float]:
         """Order replays: the ones that fit memory first, then the fastest."""
         return (s.oom or s.peak_memory_bytes > self.capacity, s.iteration_time_s)
@@ -276,6 +312,7 @@ class MicroBatchPlanner:
     def _plan(self, b: Batching, recompute: str, schedule: str) -> ParallelPlan | None:
         fields: dict[str, Any] = {
             "dp": self.dp, "tp": self.tp, "pp": self.pp, "recompute": recompute,
+            "zero": self.zero,
             "replica_micro_batches": [list(ms) for ms in b.replicas], "schedule": schedule}
         if schedule == "interleaved":
             if self.pp < 2 or any(len(ms) % self.pp for ms in b.replicas):

@@ -20,10 +20,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainsim.errors import SpecError
 from trainsim.hwmodels.cluster import parse_cluster
 from trainsim.hwmodels.gpus import get_gpu
+from trainsim.search.microbatch.batching import packing
 from trainsim.search.microbatch.costs import MicroBatchCosts, pad
-from trainsim.search.microbatch.dynapipe import karmarkar_karp, order_samples, split
+from trainsim.search.microbatch.dynapipe import (
+    _dp_all,
+    _dp_all_numpy,
+    karmarkar_karp,
+    order_samples,
+    split,
+)
 from trainsim.search.microbatch.planner import MicroBatchPlanner
 from trainsim.simulator.engines import run_program
 from trainsim.workloads.lengths import Sample
@@ -152,7 +160,7 @@ def test_one_length_splits_like_fixed_micro_batches() -> None:
 @settings(max_examples=12, deadline=None)
 @given(st.lists(st.lists(st.tuples(st.integers(1, 4), st.sampled_from([64, 128, 256])),
                          min_size=1, max_size=4), min_size=2, max_size=2),
-       st.sampled_from(["1f1b", "zb-h1"]))
+       st.sampled_from(["1f1b", "zb-h1", "cyclic", "cyclic-1"]))
 def test_folded_and_unfolded_agree_on_variable_micro_batches(lists, schedule) -> None:
     cluster = parse_cluster("4xA100-SXM4-40GB")
     replicas = [[{"batch_size": b, "seq_len": s} for b, s in ms] for ms in lists]
@@ -258,3 +266,46 @@ def test_exact_search_with_few_samples_per_replica(seed: int, gpt_costs: MicroBa
     segments = sorted((min(pos[i] for i in mb), max(pos[i] for i in mb) + 1)
                       for rep in found.replicas for mb in rep)
     assert _objective(gpt_costs, x, segments, dp) == pytest.approx(best, rel=1e-9)
+
+
+def test_zero_shards_model_states_and_reaches_the_plan() -> None:
+    """DynaPipe's artifact runs both frameworks under DeepSpeed ZeRO-1/2: the planner's memory
+    budget and its plans follow the stage."""
+    cluster = parse_cluster("4xA100-SXM4-40GB")
+    states = {z: MicroBatchPlanner(GPT, cluster, dp=2, pp=2, max_len=512, zero=z)
+              for z in (0, 1, 2)}
+    full = states[0].costs("none").static_bytes
+    # Adam mixed precision: 2 + 2 + 12 bytes per parameter; ZeRO-1 halves the 12, ZeRO-2 the 2
+    assert states[1].costs("none").static_bytes == pytest.approx(full * 10 / 16)
+    assert states[2].costs("none").static_bytes == pytest.approx(full * 9 / 16)
+    it = states[1].run("ours", [[Sample(300, 0)] * 40]).iterations[0]
+    assert it.plan is not None and it.plan.zero == 1
+    with pytest.raises(SpecError, match="ZeRO"):
+        MicroBatchPlanner(GPT, cluster, dp=2, pp=2, max_len=512, zero=3)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_dp_equals_the_numpy_reference(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    time = np.full((n + 1, n + 1), np.inf)
+    i, j = np.triu_indices(n + 1, 1)
+    time[i, j] = rng.uniform(0.1, 5, len(i)) * np.sqrt(j - i)
+    time[rng.random((n + 1, n + 1)) < 0.1] = np.inf  # segments over the memory limit
+    for bounds in (np.sort(rng.uniform(0.5, 20, 17)), np.array([np.inf]),
+                   rng.uniform(0.5, 20, 5)):  # unsorted: the numpy path
+        assert np.array_equal(_dp_all(time, bounds, n), _dp_all_numpy(time, bounds, n))
+
+
+def test_packing_is_next_fit_of_whole_samples_like_megatron() -> None:
+    """Megatron-LM's --pack-dataset (DynaPipe's baseline): a sample that does not fit starts a
+    new row; the batch's last, part-filled row is left to the next batch."""
+    x = np.array([1500.0, 1000.0, 600.0, 2000.0])
+    b = packing(x, np.zeros(4), max_len=2048, max_target=0, micro_batch_size=1, dp=1)
+    assert b.padded_tokens == 2 * 2048 and b.real_tokens == 1500 + 1000 + 600
+    kept = packing(x, np.zeros(4), max_len=2048, max_target=0, micro_batch_size=1, dp=3)
+    assert kept.padded_tokens == 3 * 2048 and kept.real_tokens == int(x.sum())  # dp needs it
+    pairs = packing(np.array([300.0, 300.0, 300.0]), np.array([100.0, 100.0, 10.0]),
+                    max_len=1024, max_target=128, micro_batch_size=1, dp=1)
+    # the second target does not fit row 1: it opens row 2, the part-filled last row, left over
+    assert pairs.padded_tokens == 1024 + 128 and pairs.real_tokens == 400

@@ -271,7 +271,7 @@ def test_synthetic_reproducible_per_seed() -> None:
     assert all(isinstance(s.input_len, int) for s in a.samples[:10])
 
 
-@pytest.mark.parametrize("name", ["flan", "uniform-long"])
+@pytest.mark.parametrize("name", ["flan", "flan-zsopt", "uniform-long"])
 def test_synthetic_percentiles_match_yaml(name: str) -> None:
     mixture = L.get_mixture(name)
     ds = L.synthetic(name, samples=100_000, seed=0)
