@@ -574,16 +574,20 @@ def microbatch(model: str | ModelSpec, cluster: str | Cluster, dataset: LengthDa
                dp: int, tp: int = 1, pp: int = 1, tokens_per_batch: int, iterations: int = 10,
                max_len: int | None = None, max_target_len: int | None = None,
                on_long: str = "truncate", methods: Sequence[str] = MICROBATCH_METHODS,
-               packing_attention: str = "eager", seed: int = 0,
-               on_iteration: Callable[[str, int], None] | None = None, zero: int = 0
+               packing_attention: str | None = None, seed: int = 0,
+               on_iteration: Callable[[str, int], None] | None = None, zero: int = 0,
+               attention: str | None = None
                ) -> tuple[list[MethodResult], MicroBatchPlanner]:
     """Compare micro-batching methods (search/microbatch/planner.py) on `iterations` global
     batches of `tokens_per_batch` tokens drawn from `dataset`, each replayed on the engine.
 
     Samples longer than `max_len` (default: the model's sequence length; targets: its decoder
     length) are clipped (`on_long="truncate"`) or refused ("reject"). A decoder-only model
-    reads an (input, target) pair as one sequence of both lengths, as instruction tuning does."""
-    spec, hw = load_model(model), load_cluster(cluster)
+    reads an (input, target) pair as one sequence of both lengths, as instruction tuning does.
+
+    `attention` ("eager" or "flash") is the kernel every method runs, so they are compared on
+    one kernel (None: the model's); `packing_attention` overrides it for packing alone."""
+    spec, hw = apply_framework(load_model(model), None, attention), load_cluster(cluster)
     if spec.family not in ("gpt", "llama", "moe", "t5", "bert"):
         raise SpecError(f"sim microbatch models sequences; {spec.name} is a {spec.family} "
                         f"model (images)")
@@ -604,7 +608,8 @@ def microbatch(model: str | ModelSpec, cluster: str | Cluster, dataset: LengthDa
     batches = iteration_batches(fitted, tokens_per_batch, iterations=iterations, seed=seed)
     planner = MicroBatchPlanner(spec, hw, dp=dp, tp=tp, pp=pp, max_len=limit,
                                 max_target_len=target_limit,
-                                packing_attention=packing_attention, zero=zero)
+                                packing_attention=packing_attention or spec.attention,
+                                zero=zero)
     planner.dataset = fitted
     results = [planner.run(m, batches, on_iteration) for m in methods]
     return results, planner

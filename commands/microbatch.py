@@ -55,9 +55,12 @@ def microbatch_command(
     on_long: str = typer.Option("truncate", "--on-long", help="truncate or reject samples "
                                 "longer than --max-len."),
     methods: str = typer.Option(",".join(METHODS), "--methods", help="Comma-separated methods."),
-    packing_attention: str = typer.Option("eager", "--packing-attention", help="Attention "
-                                          "kernel of packed rows: eager (a block-diagonal "
-                                          "mask) or flash."),
+    attention: str = typer.Option("eager", "--attention", help="Attention kernel every "
+                                  "method runs, so all are compared on one kernel: eager "
+                                  "(DynaPipe's setting) or flash."),
+    packing_attention: str | None = typer.Option(None, "--packing-attention", help="Packing's "
+                                                 "kernel alone (default: --attention)."),
+    zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-2 of every method."),
     seed: int = typer.Option(0, "--seed", help="Seed of the synthetic lengths and shuffling."),
     out: Path | None = typer.Option(None, "--out", help="HTML page to write."),
     force: bool = typer.Option(False, "--force", help="Overwrite --out."),
@@ -86,8 +89,11 @@ def microbatch_command(
             raise typer.BadParameter("must be 16 to 1048576", param_hint=name)
     if not 0 <= seed <= 2**32 - 1:
         raise typer.BadParameter("must be 0 to 4294967295", param_hint="--seed")
-    if packing_attention not in ("eager", "flash"):
-        raise typer.BadParameter("must be eager or flash", param_hint="--packing-attention")
+    for name, kernel in (("--attention", attention), ("--packing-attention", packing_attention)):
+        if kernel is not None and kernel not in ("eager", "flash"):
+            raise typer.BadParameter("must be eager or flash", param_hint=name)
+    if not 0 <= zero <= 2:
+        raise typer.BadParameter("must be 0, 1 or 2", param_hint="--zero")
     check_new_file(out, force, "page")
     dataset = api.length_dataset(lengths=lengths, column=column, target_column=target_column,
                                  synthetic=synthetic, text=text, tokenizer=tokenizer,
@@ -103,7 +109,7 @@ def microbatch_command(
             model, cluster, dataset, dp=dp, tp=tp, pp=pp, tokens_per_batch=tokens_per_batch,
             iterations=iterations, max_len=max_len, max_target_len=max_target_len,
             on_long=on_long, methods=chosen, packing_attention=packing_attention, seed=seed,
-            on_iteration=tick)
+            on_iteration=tick, attention=attention, zero=zero)
     rows = _rows(results)
     title = (f"{planner.model.name} on {cluster} (dp={dp} tp={tp} pp={pp}), {dataset.name}: "
              f"{iterations} x {tokens_per_batch:,} tokens")

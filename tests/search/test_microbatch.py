@@ -211,6 +211,8 @@ def test_cli_compares_methods_and_writes_the_page(tmp_path: Path,
     (["--synthetic", "flan", "--lengths", "{ok}"], {"ok": "100\n"}, "exactly one"),
     (["--synthetic", "nope"], {}, "nope"),
     (["--synthetic", "flan", "--iterations", "0"], {}, "--iterations"),
+    (["--synthetic", "flan", "--attention", "sdpa"], {}, "--attention"),
+    (["--synthetic", "flan", "--zero", "3"], {}, "--zero"),
 ])
 def test_cli_bad_input_is_one_line(extra: list[str], files: dict[str, str], word: str,
                                    tmp_path: Path, sim: Sim) -> None:
@@ -309,3 +311,20 @@ def test_packing_is_next_fit_of_whole_samples_like_megatron() -> None:
                     max_len=1024, max_target=128, micro_batch_size=1, dp=1)
     # the second target does not fit row 1: it opens row 2, the part-filled last row, left over
     assert pairs.padded_tokens == 1024 + 128 and pairs.real_tokens == 400
+
+
+def test_every_method_runs_the_one_chosen_attention_kernel() -> None:
+    """Methods are compared on one kernel: `attention` sets the model every method replays,
+    packing included, unless `packing_attention` says otherwise."""
+    from trainsim import api
+
+    data = api.length_dataset(synthetic="flan", samples=2_000, seed=0)
+    for kernel in ("eager", "flash"):
+        _, planner = api.microbatch("gpt3-125m", "4xA100-SXM4-40GB", data, dp=2, pp=2,
+                                    tokens_per_batch=8_192, iterations=1,
+                                    methods=["packing"], attention=kernel)
+        assert planner.model.attention == kernel == planner.packed_model.attention
+    _, mixed = api.microbatch("gpt3-125m", "4xA100-SXM4-40GB", data, dp=2, pp=2,
+                              tokens_per_batch=8_192, iterations=1, methods=["packing"],
+                              attention="flash", packing_attention="eager")
+    assert (mixed.model.attention, mixed.packed_model.attention) == ("flash", "eager")
