@@ -19,12 +19,18 @@ Aceso's scripts: 1 node × 8 GPUs), batch 1024, 28000 MB; it prints aceso's sear
 evaluations per depth (aceso from its own seeds only, not grid's best) and the log-log
 slopes of search time, time to the best plan and time per evaluation against layers.
 
+Each row also prints evaluations per second of both searches (Oracle answers per wall-clock
+second, cache hits included; bench/oracle.py measures the Oracle alone, old vs new).
+
 `--profile` costs ops from Aceso's measured V100 profiles (profiled-time-miniset for the small
 cases, -eurosys for --large and --layers) instead of the roofline; `--roofline-error` prints how
 far the roofline's V100 op times are from Aceso's measurements.
 
+`--prune` lets aceso skip evaluating last-hop moves whose compute-only lower bound
+(search/bound.py) cannot beat the plan it is improving on (small cases).
+
 Usage: ``python bench/search.py [--budget-s 5] [--profile] [--large] [--layers]
-[--skip-small] [--roofline-error] [--json]``.
+[--skip-small] [--roofline-error] [--prune] [--json]``.
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ def paper_ratios(family: str) -> dict[str, float]:
 
 def run_case(model: Any, cluster: str, batch: int, limit_mb: float, budget_s: float,
              profile: Path | None, profile_size: str | None = None,
-             grid_start: bool = True) -> dict:
+             grid_start: bool = True, prune: bool = False) -> dict:
     """Grid then aceso on one Oracle; returns their best samples/s, times and counts.
 
     aceso's `search_s` is its own wall time (with `grid_start`, grid's best is a start it gets
@@ -104,13 +110,15 @@ def run_case(model: Any, cluster: str, batch: int, limit_mb: float, budget_s: fl
     aspec = SearchSpec(model=oracle.model, cluster=oracle.cluster, global_batch=batch,
                        memory_limit_bytes=limit_mb * BYTES_PER_MB, time_budget_s=budget_s)
     starts = (grid.best.plan,) if grid_start and grid.best and grid.best.plan else ()
-    aceso = run_search(AcesoPlanner(starts=starts), aspec, oracle=oracle)
+    aceso = run_search(AcesoPlanner(starts=starts, prune=prune), aspec, oracle=oracle)
     g = grid.best.summary.samples_per_s if grid.best else 0.0
     a = aceso.best.summary.samples_per_s if aceso.best else 0.0
     return {"grid_samples_per_s": g, "aceso_samples_per_s": a,
             "aceso_over_grid": a / g if g else None, "grid_s": grid.search_s,
             "aceso_s": aceso.search_s, "grid_evaluated": grid.evaluated,
             "aceso_evaluated": aceso.evaluated,
+            "grid_evals_per_s": grid.evaluated / grid.search_s if grid.search_s else None,
+            "aceso_evals_per_s": aceso.evaluated / aceso.search_s if aceso.search_s else None,
             "aceso_best_s": aceso.best.elapsed_s if aceso.best else None,
             "aceso_hit_budget": aceso.search_s >= budget_s,
             "grid_best": grid.best.note if grid.best else None,
@@ -207,7 +215,7 @@ def print_table(rows: list[dict]) -> None:
     """One line per case: both searches' best, the ratio next to the paper's, times, counts."""
     print(f"{'case':34} {'grid s/s':>9} {'aceso s/s':>9} {'aceso/grid':>10} {'paper':>6} "
           f"{'paper Meg/Aceso':>16} {'grid s':>7} {'evals':>5} {'aceso s':>8} {'best@s':>7} "
-          f"{'evals':>6}")
+          f"{'evals':>6} {'grid ev/s':>9} {'aceso ev/s':>10}")
     for r in rows:
         if "error" in r:
             print(f"{r['case']:34} error: {r['error']}")
@@ -219,7 +227,8 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['case']:34} {r['grid_samples_per_s']:9.2f} "
               f"{r['aceso_samples_per_s']:9.2f} {ratio:>10} {paper:>6} {pub:>16} "
               f"{r['grid_s']:7.1f} {r['grid_evaluated']:5d} {r['aceso_s']:8.1f} {best} "
-              f"{r['aceso_evaluated']:6d}")
+              f"{r['aceso_evaluated']:6d} {r['grid_evals_per_s'] or 0:9.1f} "
+              f"{r['aceso_evals_per_s'] or 0:10.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,11 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-small", action="store_true", help="leave out the 4-GPU cases")
     ap.add_argument("--roofline-error", action="store_true", help="roofline vs measured ops")
     ap.add_argument("--json", action="store_true", help="print JSON rows")
+    ap.add_argument("--prune", action="store_true",
+                    help="aceso skips last-hop moves its lower bound rules out (search/bound.py)")
     args = ap.parse_args(argv)
     small: list[dict] = []
     mini = DATA / "profiled-time-miniset" if args.profile else None
     for label, model, batch, meg, ace in ([] if args.skip_small else SMALL):
-        r = run_case(model, SMALL_CLUSTER, batch, SMALL_LIMIT_MB, args.budget_s, mini)
+        r = run_case(model, SMALL_CLUSTER, batch, SMALL_LIMIT_MB, args.budget_s, mini,
+                     prune=args.prune)
         small.append({"case": f"{label} (4 GPUs, b={batch})", "paper_megatron": meg,
                       "paper_aceso": ace, "paper_ratio": ace / meg, **r})
     large = large_rows(args.budget_s, args.profile) if args.large else []

@@ -20,6 +20,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from trainsim.hwmodels.cluster import Cluster
+from trainsim.workloads.lowering import LoweringOptions, stage_layout
+from trainsim.workloads.lowering.cache import LoweringCache
+from trainsim.workloads.model import ModelSpec
+from trainsim.workloads.plan import ParallelPlan
+
+BOUNDED_SCHEDULES = ("1f1b", "interleaved")
+"""Schedules `plan_bound` covers: 1F1B (PipeDream-flush) and Megatron's interleaved 1F1B."""
+
 SLACK = 1e-9
 """Relative slack under the bound: the engine sums the same floats in another order."""
 
@@ -45,4 +54,37 @@ def pipeline_bound(work: Sequence[float], forward: Sequence[float], micro_batche
     return float(np.max(before + micro_batches * w)) * (1 - SLACK)
 
 
-__all__ = ["SLACK", "pipeline_bound"]
+def plan_bound(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
+               options: LoweringOptions | None = None,
+               cache: LoweringCache | None = None) -> float | None:
+    """`pipeline_bound` of a uniform 1F1B or interleaved plan from the costs `lower` uses
+    (`stage_layout`), before anything is lowered; None where it does not apply.
+
+    Covered: one GPU type on the whole cluster, equal micro-batches on every replica (no
+    per-replica split or list), one clock per plan, schedules in `BOUNDED_SCHEDULES`. Each
+    pipeline rank's work per micro-batch is the forward + backward + recompute of its virtual
+    stages; under 1F1B micro-batch 0 (and m-1, backward) crosses the ranks before it, under the
+    interleaved schedule micro-batch 0's first-chunk forwards reach the rank (no tail).
+    `cache`: an Oracle's (or any) `LoweringCache` for this model and cluster, so stage costs
+    already worked out are not worked out again.
+    """
+    if (plan.schedule not in BOUNDED_SCHEDULES or plan.micro_batches is not None
+            or plan.dp_batch_split is not None or plan.replica_micro_batches is not None
+            or plan.stage_freq_mhz is not None or plan.instruction_freq_mhz
+            or len({g.gpu.name for g in cluster.node_groups}) != 1):
+        return None
+    lay = stage_layout(model, cluster, plan, (plan.freq_mhz,), options, cache)
+    pp = plan.pp
+    work = [0.0] * pp
+    first_forward = [0.0] * pp
+    for k, rank in enumerate(lay.stage_to_rank):
+        c = lay.costs[(k, plan.freq_mhz)]
+        work[rank] += c.forward.time_s + c.backward.time_s + c.recompute.time_s
+        if k < pp:  # chunk 0 of each rank: what micro-batch 0 crosses first
+            first_forward[rank] = c.forward.time_s
+    m = len(lay.micro_batch_shapes)
+    return pipeline_bound(work, first_forward, m,
+                          full_backward_last=plan.schedule == "1f1b")
+
+
+__all__ = ["BOUNDED_SCHEDULES", "SLACK", "pipeline_bound", "plan_bound"]

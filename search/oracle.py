@@ -26,8 +26,9 @@ from trainsim.errors import PlanError, SimulationError, TrainsimError
 from trainsim.hwmodels.cluster import Cluster
 from trainsim.simulator.engines import check_engine, run_program
 from trainsim.simulator.program import FrozenProgram
-from trainsim.simulator.result import SimResult
+from trainsim.simulator.result import LeanResult, SimResult, lean_result
 from trainsim.workloads.lowering import LoweringOptions, lower
+from trainsim.workloads.lowering.cache import LoweringCache
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.plan import ParallelPlan
 
@@ -109,7 +110,7 @@ class Summary:
         }
 
 
-def stage_busy_s(result: SimResult, frozen: FrozenProgram | None = None) -> tuple[float, ...]:
+def stage_busy_s(result: SimResult | LeanResult, frozen: FrozenProgram | None = None) -> tuple[float, ...]:
     """Per stage id (tasks' `stage` field): the largest per-rank compute-stream busy time.
 
     Σ (end − start) over a rank's compute tasks of that stage; the maximum over ranks is the
@@ -135,7 +136,7 @@ def stage_busy_s(result: SimResult, frozen: FrozenProgram | None = None) -> tupl
 
 
 def summarize(
-    result: SimResult,
+    result: SimResult | LeanResult,
     plan_key: str,
     price_per_hour_usd: float,
     *,
@@ -182,14 +183,21 @@ class Oracle:
         cluster: The cluster (`trainsim.api.load_cluster` resolves specs and YAML files).
         engine: "numba" (default) or "simpy" (the reference, for cross-checks).
         options: Lowering options (folding on by default, what-if switches).
+        fast: Reuse plan-independent lowering work between plans (`LoweringCache`: graphs and
+            stage costs keyed by content) and summarise from the lean result (no per-task
+            table or timelines). False runs every plan from scratch through the full
+            SimResult, as before issue 15 — the same Summaries, kept to measure the
+            difference (bench/oracle.py).
     """
 
     model: ModelSpec
     cluster: Cluster
     engine: str = "numba"
     options: LoweringOptions | None = None
+    fast: bool = True
     stats: OracleStats = field(default_factory=OracleStats)
     _cache: dict[str, Summary] = field(default_factory=dict, repr=False)
+    _lowering: LoweringCache = field(default_factory=LoweringCache, repr=False)
 
     def __init__(
         self,
@@ -198,6 +206,7 @@ class Oracle:
         *,
         engine: str = "numba",
         options: LoweringOptions | None = None,
+        fast: bool = True,
     ) -> None:
         self.engine = check_engine(engine)
         if not isinstance(model, ModelSpec):
@@ -209,8 +218,10 @@ class Oracle:
         self.model = model
         self.cluster = cluster
         self.options = options
+        self.fast = fast
         self.stats = OracleStats()
         self._cache = {}
+        self._lowering = LoweringCache()
 
     def plan(self, plan: ParallelPlan | Mapping[str, Any]) -> ParallelPlan:
         """The checked ParallelPlan for `plan` (a plan, or a dict of its fields)."""
@@ -223,16 +234,29 @@ class Oracle:
 
     def simulate(self, plan: ParallelPlan | Mapping[str, Any]) -> SimResult:
         """The full SimResult of `plan` (not cached: planners want `evaluate`)."""
-        return self._run(self.plan(plan))[0]
+        result = self._run(self.plan(plan), lean=False)[0]
+        assert isinstance(result, SimResult)
+        return result
 
-    def _run(self, plan: ParallelPlan) -> tuple[SimResult, FrozenProgram]:
-        """Lower, freeze once, run on the Oracle's engine."""
-        program = lower(self.model, self.cluster, plan, self.options)
+    def _run(self, plan: ParallelPlan, *, lean: bool
+             ) -> tuple[SimResult | LeanResult, FrozenProgram]:
+        """Lower, freeze once, run on the Oracle's engine (`lean`: only the figures)."""
+        cache = self._lowering if self.fast else None
+        program = lower(self.model, self.cluster, plan, self.options, cache=cache)
         frozen = program.freeze()
         if self.engine == "numba":
-            from trainsim.simulator.engine_numba import run_numba  # deferred: start-up time (numba)
+            # deferred: start-up time (numba)
+            from trainsim.simulator.engine_numba import event_times, run_numba
 
-            return run_numba(program, frozen=frozen), frozen
+            # deferred: start-up time (simpy), only to report a deadlock
+            from trainsim.simulator.engine_simpy import deadlock_error
+
+            if not lean:
+                return run_numba(program, frozen=frozen), frozen
+            start, end = event_times(frozen)
+            if frozen.num_tasks and np.isnan(end).any():
+                raise deadlock_error(program, ~np.isnan(end))
+            return lean_result(program, start, end, engine="numba", frozen=frozen), frozen
         return run_program(program, engine=self.engine), frozen
 
     def evaluate(self, plan: ParallelPlan | Mapping[str, Any]) -> Summary:
@@ -248,7 +272,7 @@ class Oracle:
         if cached is not None:
             self.stats.cache_hits += 1
             return cached
-        result, frozen = self._run(checked)
+        result, frozen = self._run(checked, lean=self.fast)
         price = self.cluster.price_per_hour_usd
         summary = summarize(result, key, price, frozen=frozen)
         self.stats.simulated += 1
@@ -270,13 +294,20 @@ class Oracle:
                 self.stats.infeasible += 1
                 yield Summary(plan_key=_key_of(plan), error=f"{type(exc).__name__}: {exc}")
 
+    @property
+    def lowering_cache(self) -> LoweringCache | None:
+        """The lowering work this Oracle shares between plans (None when `fast` is off), for
+        planners that cost plans the way lowering does (search/bound.py)."""
+        return self._lowering if self.fast else None
+
     def cache_size(self) -> int:
         """Number of distinct plans answered so far."""
         return len(self._cache)
 
     def clear_cache(self) -> None:
-        """Forget every cached answer."""
+        """Forget every cached answer (and the lowering work shared between plans)."""
         self._cache.clear()
+        self._lowering.clear()
 
 
 def _key_of(plan: Any) -> str:

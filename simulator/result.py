@@ -87,33 +87,14 @@ class RankRecord:
         }
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SimResult:
-    """One simulated iteration: task times, per-rank records, memory and power timelines."""
+class ResultFigures:
+    """The figures derived from a run's per-rank records (shared by `SimResult` and the lean
+    `LeanResult` planners use): throughput, MFU, cost, bubbles, peak memory, OOM, energy."""
 
+    __slots__ = ()
     program: Program
-    """The program that was run."""
-    engine: str
-    """Name of the engine that ran it ("simpy", "numba", ...)."""
-    start_s: np.ndarray
-    """Start time per task id."""
-    end_s: np.ndarray
-    """End time per task id."""
-    tasks: pd.DataFrame
-    """One row per (task, member rank): task_id, name, kind, rank, stream, start_s, end_s,
-    duration_s (= end − start), fixed_s (the task's fixed part), micro_batch, stage,
-    first_layer, last_layer, comm_bytes, freq_mhz (NaN if none), power_w, energy_j."""
     iteration_time_s: float
-    """Last task end (the iteration starts at 0)."""
     ranks: list[RankRecord]
-    """Per-rank records, by rank."""
-    memory_timeline: pd.DataFrame
-    """Rows (rank, time_s, bytes): memory after each change, from static memory at 0."""
-    power_timeline: pd.DataFrame
-    """Rows (rank, time_s, power_w): rank power from this instant on (idle when nothing runs),
-    one row per change, from 0."""
-    expanded: bool = False
-    """True once folded ranks have been unfolded into physical ranks."""
 
     @property
     def samples_per_s(self) -> float | None:
@@ -184,6 +165,55 @@ class SimResult:
     def energy_j(self) -> float:
         """Total energy of all physical ranks (a folded rank counts once per rank it stands for)."""
         return float(sum(r.energy_j * len(r.represents) for r in self.ranks))
+
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LeanResult(ResultFigures):
+    """One simulated iteration reduced to what a planner ranks on: task times and per-rank
+    records, without the per-task table and the timelines (`lean_result`)."""
+
+    program: Program
+    """The program that was run."""
+    engine: str
+    """Name of the engine that ran it."""
+    start_s: np.ndarray
+    """Start time per task id."""
+    end_s: np.ndarray
+    """End time per task id."""
+    iteration_time_s: float
+    """Last task end (the iteration starts at 0)."""
+    ranks: list[RankRecord]
+    """Per-rank records, by rank (as `SimResult.ranks`)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SimResult(ResultFigures):
+    """One simulated iteration: task times, per-rank records, memory and power timelines."""
+
+    program: Program
+    """The program that was run."""
+    engine: str
+    """Name of the engine that ran it ("simpy", "numba", ...)."""
+    start_s: np.ndarray
+    """Start time per task id."""
+    end_s: np.ndarray
+    """End time per task id."""
+    tasks: pd.DataFrame
+    """One row per (task, member rank): task_id, name, kind, rank, stream, start_s, end_s,
+    duration_s (= end − start), fixed_s (the task's fixed part), micro_batch, stage,
+    first_layer, last_layer, comm_bytes, freq_mhz (NaN if none), power_w, energy_j."""
+    iteration_time_s: float
+    """Last task end (the iteration starts at 0)."""
+    ranks: list[RankRecord]
+    """Per-rank records, by rank."""
+    memory_timeline: pd.DataFrame
+    """Rows (rank, time_s, bytes): memory after each change, from static memory at 0."""
+    power_timeline: pd.DataFrame
+    """Rows (rank, time_s, power_w): rank power from this instant on (idle when nothing runs),
+    one row per change, from 0."""
+    expanded: bool = False
+    """True once folded ranks have been unfolded into physical ranks."""
 
     def to_summary_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary with a stable key order (what `sim simulate --json` prints)."""
@@ -269,16 +299,8 @@ def build_result(
     fp = frozen if frozen is not None else program.freeze()
     start = np.asarray(start_s, dtype=np.float64)
     end = np.asarray(end_s, dtype=np.float64)
-    n, num_ranks = fp.num_tasks, fp.num_ranks
-    iteration_s = float(end.max()) if n else 0.0
-    counts = np.diff(fp.member_ptr)
-    row_task = np.repeat(np.arange(n, dtype=np.int64), counts)
-    row_rank = fp.member_rank.astype(np.int64)
-    row_start, row_end = start[row_task], end[row_task]
-    row_len = row_end - row_start
-    row_stream = fp.stream_code[row_task]
-    powered = fp.stream_powered[row_stream] if n else np.zeros(0, bool)
-    row_energy = np.where(powered, fp.power_w[row_task] * row_len, 0.0)
+    rows = _Rows(fp, start, end)
+    n, row_task, row_stream = fp.num_tasks, rows.task, rows.stream
     stream_names = np.array(fp.stream_names, dtype=object)
     kind_names = np.array(fp.kind_names, dtype=object)
     names = np.array(program.task_names(), dtype=object)
@@ -287,11 +309,11 @@ def build_result(
             "task_id": row_task,
             "name": names[row_task] if n else np.array([], object),
             "kind": kind_names[fp.kind_code[row_task]] if n else np.array([], object),
-            "rank": row_rank,
+            "rank": rows.rank,
             "stream": stream_names[row_stream] if n else np.array([], object),
-            "start_s": row_start,
-            "end_s": row_end,
-            "duration_s": row_len,
+            "start_s": rows.start,
+            "end_s": rows.end,
+            "duration_s": rows.length,
             "fixed_s": fp.duration_s[row_task],
             "micro_batch": fp.micro_batch[row_task],
             "stage": fp.stage[row_task],
@@ -300,74 +322,11 @@ def build_result(
             "comm_bytes": fp.comm_bytes[row_task],
             "freq_mhz": fp.freq_mhz[row_task],
             "power_w": fp.power_w[row_task],
-            "energy_j": row_energy,
+            "energy_j": rows.energy,
         }
     )
-
-    # Memory events; class 0 = end of a task that started earlier, 1 = start, 2 = end of a
-    # zero-length task (program.py: order within one instant).
-    ev_rank = np.r_[row_rank, row_rank]
-    ev_time = np.r_[row_start, row_end]
-    ev_class = np.r_[np.ones(len(row_task), np.int64), np.where(row_len > 0, 0, 2)]
-    ev_task = np.r_[row_task, row_task]
-    ev_delta = np.r_[fp.mem_alloc_bytes[row_task], -fp.mem_free_bytes[row_task]]
-    keep = ev_delta != 0
-    ev_rank, ev_time, ev_class, ev_task, ev_delta = (
-        a[keep] for a in (ev_rank, ev_time, ev_class, ev_task, ev_delta)
-    )
-    order = np.lexsort((ev_task, ev_class, ev_time, ev_rank))
-    ev_rank, ev_time, ev_delta = ev_rank[order], ev_time[order], ev_delta[order]
-    bounds = np.searchsorted(ev_rank, np.arange(num_ranks + 1))
-    mem_rank, mem_time, mem_bytes = [], [], []
-    # Power events: +power at start, −power at end of powered-stream tasks.
-    p_rows = np.flatnonzero(powered)
-    p_order = np.lexsort((row_task[p_rows], row_rank[p_rows]))
-    p_rows = p_rows[p_order]
-    p_bounds = np.searchsorted(row_rank[p_rows], np.arange(num_ranks + 1))
-    pow_rank, pow_time, pow_w = [], [], []
-    compute_code = fp.stream_names.index("compute") if "compute" in fp.stream_names else -1
-    on_compute = row_stream == compute_code
-    compute_busy = np.bincount(row_rank[on_compute], row_len[on_compute], minlength=num_ranks)
-    records = []
-    for rank in range(num_ranks):
-        static = float(fp.static_memory_bytes[rank])
-        cap = float(fp.memory_capacity_bytes[rank])
-        lo, hi = bounds[rank], bounds[rank + 1]
-        running = np.cumsum(np.r_[static, ev_delta[lo:hi]])
-        mem_rank.append(np.full(hi - lo + 1, rank))
-        mem_time.append(np.r_[0.0, ev_time[lo:hi]])
-        mem_bytes.append(running)
-        peak = float(running.max())
-        over = np.flatnonzero(running > cap)
-        oom = len(over) > 0
-        oom_time = float(np.r_[0.0, ev_time[lo:hi]][over[0]]) if oom else None
-
-        rows = p_rows[p_bounds[rank] : p_bounds[rank + 1]]
-        busy = _union_length(row_start[rows], row_end[rows])
-        idle = max(iteration_s - busy, 0.0)
-        idle_w = float(fp.idle_power_w[rank])
-        energy = float(row_energy[rows].sum()) + idle_w * idle
-        pt, pw = _power_steps(row_start[rows], row_end[rows], fp.power_w[row_task[rows]], idle_w)
-        pow_rank.append(np.full(len(pt), rank))
-        pow_time.append(pt)
-        pow_w.append(pw)
-
-        bubble = 1.0 - compute_busy[rank] / iteration_s if iteration_s > 0 else 0.0
-        records.append(
-            RankRecord(
-                rank=rank,
-                represents=tuple(program.represents[rank]),
-                busy_s=busy,
-                idle_s=idle,
-                bubble_fraction=max(bubble, 0.0),
-                peak_memory_bytes=peak,
-                memory_capacity_bytes=cap,
-                oom=oom,
-                oom_time_s=oom_time,
-                oom_excess_bytes=peak - cap if oom else 0.0,
-                energy_j=energy,
-            )
-        )
+    records, (mem_rank, mem_time, mem_bytes), (pow_rank, pow_time, pow_w) = _rank_records(
+        program, fp, rows, timelines=True)
     memory_timeline = pd.DataFrame(
         {
             "rank": np.concatenate(mem_rank).astype(np.int64),
@@ -388,11 +347,132 @@ def build_result(
         start_s=start,
         end_s=end,
         tasks=tasks,
-        iteration_time_s=iteration_s,
+        iteration_time_s=rows.iteration_s,
         ranks=records,
         memory_timeline=memory_timeline,
         power_timeline=power_timeline,
     )
+
+
+def lean_result(
+    program: Program,
+    start_s: Sequence[float] | np.ndarray,
+    end_s: Sequence[float] | np.ndarray,
+    *,
+    engine: str,
+    frozen: FrozenProgram | None = None,
+) -> LeanResult:
+    """The figures a planner ranks on (per-rank records, throughput, MFU, energy) without the
+    per-task table and the timelines: `build_result`'s own per-rank arithmetic, so every figure
+    is bit-identical to the full SimResult's, at a fraction of its cost (no pandas, no names)."""
+    fp = frozen if frozen is not None else program.freeze()
+    start = np.asarray(start_s, dtype=np.float64)
+    end = np.asarray(end_s, dtype=np.float64)
+    rows = _Rows(fp, start, end)
+    records, _, _ = _rank_records(program, fp, rows, timelines=False)
+    return LeanResult(program=program, engine=engine, start_s=start, end_s=end,
+                      iteration_time_s=rows.iteration_s, ranks=records)
+
+
+class _Rows:
+    """One row per (task, member rank): the arrays both result paths derive figures from."""
+
+    __slots__ = ("end", "energy", "iteration_s", "length", "powered", "rank", "start",
+                 "stream", "task")
+
+    def __init__(self, fp: FrozenProgram, start: np.ndarray, end: np.ndarray) -> None:
+        n = fp.num_tasks
+        self.iteration_s = float(end.max()) if n else 0.0
+        counts = np.diff(fp.member_ptr)
+        self.task = row_task = np.repeat(np.arange(n, dtype=np.int64), counts)
+        self.rank = fp.member_rank.astype(np.int64)
+        self.start, self.end = start[row_task], end[row_task]
+        self.length = self.end - self.start
+        self.stream = fp.stream_code[row_task]
+        self.powered = fp.stream_powered[self.stream] if n else np.zeros(0, bool)
+        self.energy = np.where(self.powered, fp.power_w[row_task] * self.length, 0.0)
+
+
+_Timeline = tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]
+
+
+def _rank_records(program: Program, fp: FrozenProgram, rows: _Rows, *, timelines: bool
+                  ) -> tuple[list[RankRecord], _Timeline, _Timeline]:
+    """Per-rank records, and (when `timelines`) the memory and power timelines' parts."""
+    num_ranks, iteration_s = fp.num_ranks, rows.iteration_s
+    row_task, row_rank, row_start, row_end = rows.task, rows.rank, rows.start, rows.end
+    row_len, row_energy = rows.length, rows.energy
+    # Memory events; class 0 = end of a task that started earlier, 1 = start, 2 = end of a
+    # zero-length task (program.py: order within one instant).
+    ev_rank = np.r_[row_rank, row_rank]
+    ev_time = np.r_[row_start, row_end]
+    ev_class = np.r_[np.ones(len(row_task), np.int64), np.where(row_len > 0, 0, 2)]
+    ev_task = np.r_[row_task, row_task]
+    ev_delta = np.r_[fp.mem_alloc_bytes[row_task], -fp.mem_free_bytes[row_task]]
+    keep = ev_delta != 0
+    ev_rank, ev_time, ev_class, ev_task, ev_delta = (
+        a[keep] for a in (ev_rank, ev_time, ev_class, ev_task, ev_delta)
+    )
+    order = np.lexsort((ev_task, ev_class, ev_time, ev_rank))
+    ev_rank, ev_time, ev_delta = ev_rank[order], ev_time[order], ev_delta[order]
+    bounds = np.searchsorted(ev_rank, np.arange(num_ranks + 1))
+    mem_rank: list[np.ndarray] = []
+    mem_time: list[np.ndarray] = []
+    mem_bytes: list[np.ndarray] = []
+    # Power events: +power at start, −power at end of powered-stream tasks.
+    p_rows = np.flatnonzero(rows.powered)
+    p_order = np.lexsort((row_task[p_rows], row_rank[p_rows]))
+    p_rows = p_rows[p_order]
+    p_bounds = np.searchsorted(row_rank[p_rows], np.arange(num_ranks + 1))
+    pow_rank: list[np.ndarray] = []
+    pow_time: list[np.ndarray] = []
+    pow_w: list[np.ndarray] = []
+    compute_code = fp.stream_names.index("compute") if "compute" in fp.stream_names else -1
+    on_compute = rows.stream == compute_code
+    compute_busy = np.bincount(row_rank[on_compute], row_len[on_compute], minlength=num_ranks)
+    records = []
+    for rank in range(num_ranks):
+        static = float(fp.static_memory_bytes[rank])
+        cap = float(fp.memory_capacity_bytes[rank])
+        lo, hi = bounds[rank], bounds[rank + 1]
+        running = np.cumsum(np.r_[static, ev_delta[lo:hi]])
+        peak = float(running.max())
+        over = np.flatnonzero(running > cap)
+        oom = len(over) > 0
+        oom_time = float(np.r_[0.0, ev_time[lo:hi]][over[0]]) if oom else None
+
+        rank_rows = p_rows[p_bounds[rank] : p_bounds[rank + 1]]
+        busy = _union_length(row_start[rank_rows], row_end[rank_rows])
+        idle = max(iteration_s - busy, 0.0)
+        idle_w = float(fp.idle_power_w[rank])
+        energy = float(row_energy[rank_rows].sum()) + idle_w * idle
+        if timelines:
+            mem_rank.append(np.full(hi - lo + 1, rank))
+            mem_time.append(np.r_[0.0, ev_time[lo:hi]])
+            mem_bytes.append(running)
+            pt, pw = _power_steps(row_start[rank_rows], row_end[rank_rows],
+                                  fp.power_w[row_task[rank_rows]], idle_w)
+            pow_rank.append(np.full(len(pt), rank))
+            pow_time.append(pt)
+            pow_w.append(pw)
+
+        bubble = 1.0 - compute_busy[rank] / iteration_s if iteration_s > 0 else 0.0
+        records.append(
+            RankRecord(
+                rank=rank,
+                represents=tuple(program.represents[rank]),
+                busy_s=busy,
+                idle_s=idle,
+                bubble_fraction=max(bubble, 0.0),
+                peak_memory_bytes=peak,
+                memory_capacity_bytes=cap,
+                oom=oom,
+                oom_time_s=oom_time,
+                oom_excess_bytes=peak - cap if oom else 0.0,
+                energy_j=energy,
+            )
+        )
+    return records, (mem_rank, mem_time, mem_bytes), (pow_rank, pow_time, pow_w)
 
 
 def _power_steps(

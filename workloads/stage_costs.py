@@ -22,7 +22,9 @@ from trainsim.workloads.ops import CommNeed
 def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
                       recompute: str | tuple[str, ...], cost_model: Any, gpu: Any,
                       freq_mhz: float | None, dtype: str,
-                      op_degrees: OpDegrees | None = None) -> InstructionCosts:
+                      op_degrees: OpDegrees | None = None,
+                      layer_cache: dict[Any, tuple[Layer, _LayerSum]] | None = None
+                      ) -> InstructionCosts:
     """Sum the per-GPU costs of `layers` (one stage) for one micro-batch.
 
     Args:
@@ -36,6 +38,8 @@ def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
         op_degrees: per-op tensor-parallel degrees of the stage (Aceso); when some op's
             degree differs from `tp`, the stage is costed by `op_parallel.op_parallel_costs`
             (needs sp off and ep = 1), else exactly as without it.
+        layer_cache: Per-layer costs kept between calls (a lowering cache's, whose graphs
+            hold the layers alive); each entry keeps its layer, so a reused id never hits.
     """
     if op_degrees is not None and not op_degrees.uniform(tp):
         if sp or ep > 1:
@@ -46,12 +50,19 @@ def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
     total = _LayerSum()
     names = set(recompute) if isinstance(recompute, tuple) else set()
     cache: dict[int, _LayerSum] = {}
+    shared = (id(cost_model), gpu.name, tp, sp, ep, recompute, freq_mhz, dtype)
     for layer in layers:
         key = id(layer)  # repeated blocks are one object: cost them once
         if key not in cache:
-            cache[key] = _layer_costs(layer, tp=tp, sp=sp, ep=ep, recompute=recompute,
-                                      names=names, cost_model=cost_model, gpu=gpu,
-                                      freq_mhz=freq_mhz, dtype=dtype)
+            kept = layer_cache.get((key, shared)) if layer_cache is not None else None
+            if kept is not None and kept[0] is layer:
+                cache[key] = kept[1]
+            else:
+                cache[key] = _layer_costs(layer, tp=tp, sp=sp, ep=ep, recompute=recompute,
+                                          names=names, cost_model=cost_model, gpu=gpu,
+                                          freq_mhz=freq_mhz, dtype=dtype)
+                if layer_cache is not None:
+                    layer_cache[(key, shared)] = (layer, cache[key])
         total.add(cache[key])
     total.params += shared_params(layers, tp)
     last = layers[-1]

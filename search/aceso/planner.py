@@ -30,6 +30,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from trainsim.errors import PlanError
 from trainsim.search.aceso.moves import (
     RECOMPUTE_LADDER,
     AcesoConfig,
@@ -42,7 +43,8 @@ from trainsim.search.aceso.moves import (
     op_groups,
     set_micro_batch,
 )
-from trainsim.search.oracle import Summary
+from trainsim.search.bound import plan_bound
+from trainsim.search.oracle import SECONDS_PER_HOUR, Summary
 from trainsim.search.planner import SearchRecord, SearchState, memory_ratio
 from trainsim.workloads.model import ModelSpec, build_graph
 from trainsim.workloads.plan import ParallelPlan
@@ -81,6 +83,13 @@ class AcesoPlanner:
     """Restarts from near-best plans after the seeds."""
     seeds: Sequence[int] | None = field(default=None)
     """Pipeline depths of the balanced seeds; powers of two up to min(GPUs, blocks) if None."""
+    prune: bool = False
+    """Skip evaluating a last-hop move whose compute-only lower bound (search/bound.py) shows
+    it cannot beat the plan the search is improving on: such a move is never searched from and
+    never the improvement a step takes, so every climb takes the same steps with fewer
+    evaluations. Off by default: the skipped plans are missing from the log and the
+    lower-ranked results, and a restart (which starts from the best unused plan in the log)
+    may then start elsewhere."""
     per_op_tp: bool = True
     """Also try per-op tensor-parallel degrees (Aceso's op-level tp over the model's
     `op_groups`, heaviest first; `moves.moves` places them after the stage's own tp)."""
@@ -289,12 +298,17 @@ class AcesoPlanner:
             # Memory to spare: a larger micro-batch (fewer, more efficient kernels; fewer
             # micro-batches to simulate) is the likeliest gain, so it goes first.
             order.sort(key=lambda m: m.name != "mbs*2")
+        leaf = depth + 1 > self.max_hops  # its children are not searched from
         for move in order:
             if state.out_of_time() or tried >= cap:
                 break
             if move.config in visited or not check_config(move.config, **ctx):
                 continue
             tried += 1
+            if leaf and self.prune and cannot_improve(state, move.config.to_fields(
+                    ctx["global_batch"]), target):
+                visited.add(move.config)
+                continue
             rec = run(move.config, f"{move.name} (hop {depth})")
             yield rec
             if rec.summary.error is None and state.key(rec.summary) < target:
@@ -311,6 +325,31 @@ class AcesoPlanner:
                                  found, run, groups)
             if found[0] is not None:
                 return
+
+
+def cannot_improve(state: SearchState, fields: Mapping[str, Any],
+                   target: tuple[int, float]) -> bool:
+    """True when the plan of `fields` provably cannot rank before `target` (a fitting plan's
+    search key): its iteration time is at least `plan_bound`, and that is no faster than the
+    target's. Only for the throughput and cost objectives (both monotone in time)."""
+    if target[0] != 0 or state.spec.objective not in ("throughput", "cost"):
+        return False
+    try:
+        plan = state.oracle.plan(fields)
+    except PlanError:
+        return False
+    oracle = state.oracle
+    bound = plan_bound(oracle.model, oracle.cluster, plan, oracle.options,
+                       cache=oracle.lowering_cache)
+    if bound is None or bound <= 0:
+        return False
+    if state.spec.objective == "throughput":
+        # score = -samples/s = -batch / time: the target's time is batch / -score
+        target_s = state.spec.global_batch / -target[1] if target[1] < 0 else math.inf
+    else:  # cost = price x time / 3600
+        price = oracle.cluster.price_per_hour_usd
+        target_s = target[1] * SECONDS_PER_HOUR / price if price > 0 else math.inf
+    return bound > target_s * (1 + 1e-9)
 
 
 def hop_children(children: Sequence[SearchRecord], state: SearchState) -> list[SearchRecord]:
@@ -403,5 +442,5 @@ def balance_moves(cfg: AcesoConfig, b: int, *, busy_s: Sequence[float],
             yield Move(name=f"migrate{k} s{b}->s{j}", config=new)
 
 
-__all__ = ["AcesoPlanner", "balance_moves", "num_blocks", "rebalance", "recompute_ladder",
+__all__ = ["AcesoPlanner", "balance_moves", "cannot_improve", "num_blocks", "rebalance", "recompute_ladder",
            "stage_memory_ratios"]

@@ -6,7 +6,11 @@ the simulator (DESIGN.md §1–2).
   and `stage_layout()`, the same partition and costs for planners that must predict `lower`;
 * `comm.py` — collectives and transfers as tasks on real links (folding included);
 * `gradient_sync.py` — data-parallel gradient buckets, ZeRO traffic and the optimizer step;
-* `options.py` — `LoweringOptions`.
+* `options.py` — `LoweringOptions`;
+* `cache.py` — `LoweringCache`: what lowerings of one model on one cluster share (graphs, stage
+  costs keyed by content, schedules, planned collectives), for the Oracle;
+* `replay.py` — instruction tapes: a block's first instruction is recorded, the others are
+  stamped out from it (one by one, or a run at a time with numpy).
 """
 
 from trainsim.workloads.lowering.layout import StageLayout, stage_layout

@@ -18,7 +18,8 @@ from trainsim.hwmodels.gpus import GpuSpec
 from trainsim.hwmodels.opcost import OpCostModel, RooflineCostModel
 from trainsim.simulator.actions import Action, infer_stage_to_rank
 from trainsim.simulator.schedules import explicit, get_schedule
-from trainsim.workloads.lowering.options import LoweringOptions
+from trainsim.workloads.lowering.cache import LoweringCache
+from trainsim.workloads.lowering.options import DEFAULT_OPTIONS, LoweringOptions
 from trainsim.workloads.model import ModelGraph, ModelSpec, build_graph
 from trainsim.workloads.op_parallel import stage_op_degrees
 from trainsim.workloads.op_work import InstructionCosts
@@ -76,16 +77,21 @@ class StageLayout:
 
 def stage_layout(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
                  freqs_mhz: tuple[float | None, ...] = (None,),
-                 options: LoweringOptions | None = None) -> StageLayout:
+                 options: LoweringOptions | None = None,
+                 cache: LoweringCache | None = None) -> StageLayout:
     """The stage partition, placement and per-clock instruction costs `lower` would use.
 
     Args:
         model, cluster, plan: As for `lower` (the plan is checked).
         freqs_mhz: SM clocks to cost every virtual stage at (None = the GPU's maximum).
         options: Lowering options (the cost model, embedding/head placement, folding).
+        cache: Shared with the lowerings of the same model, cluster and options (cache.py).
     """
     plan.check(model, cluster)
-    low = LoweringLayout(model, cluster, plan, options or LoweringOptions())
+    opt = options or DEFAULT_OPTIONS
+    if cache is not None:
+        cache.bind(model, cluster, opt)
+    low = LoweringLayout(model, cluster, plan, opt, cache)
     key = low.mb_key(0)
     costs = {(k, f): low.costs(k, key, f) for k in range(plan.num_stages) for f in freqs_mhz}
     return StageLayout(
@@ -123,17 +129,18 @@ class LoweringLayout:
     """
 
     def __init__(self, model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
-                 options: LoweringOptions) -> None:
+                 options: LoweringOptions, cache: LoweringCache | None = None) -> None:
         self.model, self.cluster, self.plan, self.opt = model, cluster, plan, options
+        self.shared = cache
+        """Answers shared with other lowerings of this model and cluster (None: none)."""
         self.cost_model: OpCostModel = (RooflineCostModel() if options.cost_model is None
                                         else options.cost_model)
-        self.micro_batches = plan.micro_batch_list(model.seq_len or 1)
+        self.micro_batches = self._micro_batch_list()
         self.stage_gpu_ranks = self._place_stages()
         self.order = self._schedule()
-        self.stage_to_rank = infer_stage_to_rank(self.order) if plan.num_stages > 1 \
-            else {0: 0}
+        self.stage_to_rank = self._stage_map() if plan.num_stages > 1 else {0: 0}
         self._check_stage_map()
-        self.graphs: dict[MbKey, ModelGraph] = {}
+        self.graphs: dict[MbKey, ModelGraph] = {} if cache is None else cache.graphs
         self._costs: dict[tuple[int, MbKey, float | None, str], InstructionCosts] = {}
         self._tp_groups: dict[int, list[tuple[int, ...]]] = {}
         self._dp_groups: dict[int, list[tuple[int, ...]]] = {}
@@ -147,7 +154,10 @@ class LoweringLayout:
                           and not any(self.has_op_tp(s) for s in range(plan.pp)))
         """Whether every stage has the same dp replicas, so replica d (the d-th tp group of each
         stage) is one pipeline that can run at its own speed and batch share."""
-        self.replica_lists = plan.replica_micro_batch_lists(model.seq_len or 1)
+        self.replica_lists = (
+            plan.replica_micro_batch_lists(model.seq_len or 1)
+            if plan.replica_micro_batches is not None or plan.micro_batches is not None
+            else tuple(self.micro_batches[:m] for m in plan.replica_micro_batch_counts()))
         self.fold, self.classes, self.class_counts = self._replica_classes()
         C = len(self.classes)
         self.class_of_replica = {d: c for c, reps in enumerate(self.classes) for d in reps}
@@ -163,6 +173,30 @@ class LoweringLayout:
             self.represents = [(r,) for r in range(cluster.num_gpus)]
         self.rank_stage = {r: s for s, ranks in enumerate(self.stage_gpu_ranks) for r in ranks}
         self.schedule_groups = self._schedule_groups()
+
+    def _micro_batch_list(self) -> tuple[MicroBatch, ...]:
+        """`plan.micro_batch_list`, shared between lowerings when uniform (the same frozen
+        micro-batches for the same size, length and count)."""
+        plan, default_seq = self.plan, self.model.seq_len or 1
+        if self.shared is None or plan.micro_batches is not None \
+                or plan.replica_micro_batches is not None:
+            return plan.micro_batch_list(default_seq)
+        key = (plan.micro_batch_size, plan.seq_len or default_seq, plan.num_micro_batches or 0)
+        found = self.shared.micro_batches.get(key)
+        if found is None:
+            found = self.shared.micro_batches[key] = plan.micro_batch_list(default_seq)
+        return found
+
+    def model_flops(self, mb: MicroBatch) -> float:
+        """Model FLOPs of one training pass of micro-batch `mb` (matmuls, no recompute: the
+        numerator of MFU), shared between lowerings."""
+        key = key_of(mb)
+        flops = None if self.shared is None else self.shared.flops.get(key)
+        if flops is None:
+            flops = self.graph(mb).training_flops("none", matmul_only=True)
+            if self.shared is not None:
+                self.shared.flops[key] = flops
+        return flops
 
     # ------------------------------------------------------------------ replicas
     def replica_ranks(self, s: int, d: int) -> tuple[int, ...]:
@@ -313,8 +347,31 @@ class LoweringLayout:
         return out
 
     def _schedule(self, m: int | None = None) -> dict[int, list[Action]]:
+        """Physical stage -> its actions in order (shared between lowerings: a pure function
+        of the schedule, depth, micro-batches and chunks, and read-only here)."""
         plan = self.plan
         m = len(self.micro_batches) if m is None else m
+        if self.shared is None or plan.schedule == "explicit":
+            return self._new_schedule(m)
+        key = (plan.schedule, plan.pp, m, plan.virtual_stages)
+        found = self.shared.schedules.get(key)
+        if found is None:
+            found = self.shared.schedules[key] = self._new_schedule(m)
+        return found
+
+    def _stage_map(self) -> dict[int, int]:
+        """Virtual stage -> physical stage of the schedule (shared with `_schedule`'s)."""
+        plan = self.plan
+        if self.shared is None or plan.schedule == "explicit":
+            return infer_stage_to_rank(self.order)
+        key = (plan.schedule, plan.pp, len(self.micro_batches), plan.virtual_stages)
+        found = self.shared.stage_maps.get(key)
+        if found is None:
+            found = self.shared.stage_maps[key] = infer_stage_to_rank(self.order)
+        return found
+
+    def _new_schedule(self, m: int) -> dict[int, list[Action]]:
+        plan = self.plan
         if plan.schedule == "explicit":
             order = explicit({r: list(a) for r, a in enumerate(plan.order or ())},
                              num_micro_batches=m)
@@ -376,8 +433,28 @@ class LoweringLayout:
         key = (vstage, mb_key, freq, gpu.name)
         found = self._costs.get(key)
         if found is None:
-            found = self._costs[key] = self._stage_costs(vstage, mb_key, freq, gpu)
+            shared = self.shared
+            if shared is None:
+                found = self._stage_costs(vstage, mb_key, freq, gpu)
+            else:
+                content = self._cost_key(vstage, mb_key, freq, gpu)
+                found = shared.costs.get(content)
+                if found is None:
+                    shared.misses += 1
+                    found = shared.costs[content] = self._stage_costs(vstage, mb_key, freq, gpu)
+                else:
+                    shared.hits += 1
+            self._costs[key] = found
         return found
+
+    def _cost_key(self, vstage: int, mb_key: MbKey, freq: float | None,
+                  gpu: GpuSpec) -> tuple[Any, ...]:
+        """Everything `_stage_costs` reads from the plan, as a key shared between plans."""
+        plan, s = self.plan, self.phys_stage(vstage)
+        degrees = tuple(sorted(plan.op_tp_of_stage(s).items())) if self.has_op_tp(s) else None
+        return (tuple(self.stage_layers[vstage]), plan.replica_batch(s, mb_key[0]), mb_key[1],
+                mb_key[2], plan.tp_of_stage(s), plan.sp, plan.ep, plan.recompute_of_stage(s),
+                gpu.name, freq, plan.dtype, degrees)
 
     def _stage_costs(self, vstage: int, mb_key: MbKey, freq: float | None,
                      gpu: GpuSpec) -> InstructionCosts:
@@ -395,7 +472,9 @@ class LoweringLayout:
         return instruction_costs(layers, tp=self.plan.tp_of_stage(s), sp=self.plan.sp,
                                  ep=self.plan.ep, recompute=self.plan.recompute_of_stage(s),
                                  cost_model=self.cost_model, gpu=gpu, freq_mhz=freq,
-                                 dtype=self.plan.dtype, op_degrees=degrees)
+                                 dtype=self.plan.dtype, op_degrees=degrees,
+                                 layer_cache=None if self.shared is None
+                                 else self.shared.layer_costs)
 
     def has_op_tp(self, s: int) -> bool:
         """Whether some op of physical stage `s` has its own tensor-parallel degree (then the

@@ -42,12 +42,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from trainsim.hwmodels.cluster import Cluster
 from trainsim.simulator.actions import Action
 from trainsim.simulator.program import Program, ProgramInfo
 from trainsim.simulator.task_table import TaskTableBuilder
+from trainsim.workloads.lowering.cache import LoweringCache
 from trainsim.workloads.lowering.comm import (
     CommLowering,
     Meta,
@@ -64,7 +65,8 @@ from trainsim.workloads.lowering.layout import (
     Unit,
     key_of,
 )
-from trainsim.workloads.lowering.options import LoweringOptions
+from trainsim.workloads.lowering.options import DEFAULT_OPTIONS, LoweringOptions
+from trainsim.workloads.lowering.replay import Bank, Tape, flush, record, replay, replay_run
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.op_work import InstructionCosts, Work
 from trainsim.workloads.ops import CommNeed
@@ -129,12 +131,21 @@ class _Block:
 
 
 def lower(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
-          options: LoweringOptions | None = None) -> Program:
-    """Lower one training iteration of `model` on `cluster` under `plan` to a Program."""
+          options: LoweringOptions | None = None, *,
+          cache: LoweringCache | None = None) -> Program:
+    """Lower one training iteration of `model` on `cluster` under `plan` to a Program.
+
+    `cache` (optional) keeps plan-independent answers (graphs, stage costs, schedules,
+    planned collectives) for the next lowering of the same model on the same cluster under the
+    same options (cache.py), and turns on instruction tapes (replay.py); the Program is the
+    same with or without it (tests/workloads/test_lowering_cache.py)."""
     plan.check(model, cluster)
+    opt = options or DEFAULT_OPTIONS
     if plan.cp > 1:
-        return _context_parallel(model, cluster, plan, options or LoweringOptions())
-    return _Lowering(model, cluster, plan, options or LoweringOptions()).build()
+        return _context_parallel(model, cluster, plan, opt)
+    if cache is not None:
+        cache.bind(model, cluster, opt)
+    return _Lowering(model, cluster, plan, opt, cache=cache).build()
 
 
 def _context_parallel(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
@@ -175,17 +186,30 @@ class _Lowering:
     """
 
     def __init__(self, model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
-                 options: LoweringOptions, stated: ParallelPlan | None = None) -> None:
+                 options: LoweringOptions, stated: ParallelPlan | None = None,
+                 cache: LoweringCache | None = None) -> None:
         self.stated = plan if stated is None else stated
         """The plan as the user gave it (differs from `plan` under context parallelism)."""
-        self.layout = layout = LoweringLayout(model, cluster, plan, options)
+        self.layout = layout = LoweringLayout(model, cluster, plan, options, cache)
         self.plan, self.opt, self.fold = plan, options, layout.fold
         self.b = TaskTableBuilder()
         self.comm = CommLowering(cluster, options.collective_algorithm, self.b)
+        if cache is not None:  # planned phases and link loads are the cluster's, not the plan's
+            self.comm._phase_cache = cache.comm_phases
+            self.comm._load_cache = cache.comm_loads
         self.compute_stream = self.b.stream("compute")
         self.sync = GradientSync(layout, self.comm, self.b, self.compute_stream)
         self.last_compute: dict[int, int] = {}  # program rank -> its last compute task
         self._blocks: dict[_BlockKey, _Block] = {}
+        self.tapes = cache is not None
+        """Stamp repeated instructions out from tapes (replay.py); on with a shared cache."""
+        self.pending: list[tuple[list[Any], ...]] = []
+        """Replayed rows' constant columns not yet in the builder (replay.flush)."""
+        self._tapes: dict[_BlockKey, Tape | None] = {}
+        """Block -> its tape, or None when it cannot be replayed (recorded once either way)."""
+        self._tape_list: list[Tape] = []
+        self._bank: Bank | None = None
+        """The tapes as numpy columns, for runs of replays (replay.Bank)."""
         self.cluster = cluster
         self.max_clock_mhz = [cluster.gpu(layout.represents[p][0]).sm_clock_max_mhz
                               for p in range(layout.num_ranks)]
@@ -193,6 +217,10 @@ class _Lowering:
         self.held: dict[tuple[int, int, int], float] = {}
         self.recv: dict[_RecvKey, list[int]] = {}
         self.patch: list[tuple[int, _RecvKey]] = []
+        self._scratch: dict[int, int] = {}
+        """Where instructions that no gradient reduction waits for note their buckets."""
+        self.patch_runs: list[tuple[int, tuple[int, ...], _RecvKey]] = []
+        """Replayed instructions' late deps: (first id, rows, key) (replay.py)."""
         self.history: dict[tuple[int, int], list[int]] = {}  # (stage, unit) -> compute ids
 
     # ------------------------------------------------------------------ build
@@ -213,32 +241,111 @@ class _Lowering:
                     if a.kind in ("B", "W"):
                         last_bwd[a.stage] = (a.kind, a.micro_batch)
                         final_kind[a.stage] = a.kind
+            mb_keys = [key_of(mb) for mb in group.micro_batches]
+            # (vstage, shape, clock) -> costs: asked once per instruction, worked out once
+            found: dict[tuple[int, MbKey, float | None], InstructionCosts] = {}
+            per_action_freq = bool(plan.instruction_freq_mhz)
+            # (vstage, pass, shape) -> (tape, units, extra free): instructions that are not
+            # a stage's last backward replay their block's tape straight from here
+            fast: dict[tuple[int, str, MbKey], tuple[Tape, list[int], float]] = {}
+            use_fast = self.tapes and plan.zero < 3 and not per_action_freq
+            b, pending = self.b, self.pending
             for phys in sorted(group.order):
-                for a in group.order[phys]:
-                    mb = group.micro_batches[a.micro_batch]
-                    layout.graph(mb)
-                    c = layout.costs(a.stage, key_of(mb), layout.freq(a.stage, a))
+                acts, i, general = group.order[phys], 0, -1
+                while i < len(acts):
+                    a = acts[i]
+                    mb_key = mb_keys[a.micro_batch]
+                    entry = fast.get((a.stage, a.kind, mb_key)) if use_fast else None
+                    if entry is not None and i != general \
+                            and last_bwd.get(a.stage) != (a.kind, a.micro_batch):
+                        # a run of instructions that all replay a tape: stamp them out at once
+                        run: list[tuple[Tape, int, int, str, float]] = []
+                        units: list[list[int]] = []
+                        first = i
+                        while entry is not None \
+                                and last_bwd.get(a.stage) != (a.kind, a.micro_batch):
+                            run.append((entry[0], a.micro_batch, a.stage, a.kind, entry[2]))
+                            units.append(entry[1])
+                            i += 1
+                            if i == len(acts):
+                                break
+                            a = acts[i]
+                            entry = fast.get((a.stage, a.kind, mb_keys[a.micro_batch]))
+                        used = self._replay_run(run, units)
+                        if used < len(run):  # an input of another form: the ordinary code
+                            i = general = first + used
+                        continue
+                    i += 1
+                    freq = (layout.freq(a.stage, a) if per_action_freq
+                            else plan.frequency_of(layout.phys_stage(a.stage), None))
+                    hit = found.get((a.stage, mb_key, freq))
+                    if hit is None:
+                        layout.graph(group.micro_batches[a.micro_batch])
+                        hit = found[(a.stage, mb_key, freq)] = layout.costs(a.stage, mb_key,
+                                                                            freq)
+                    c = hit
                     sync_now = (last_bwd.get(a.stage) == (a.kind, a.micro_batch)
                                 and self.opt.communication
                                 and (bool(sync.grad_groups(phys, c))
                                      if c.params_by_tp else plan.dp_of_stage(phys) > 1))
                     per_bucket: list[dict[int, int]] = (
                         synced.setdefault(a.stage, [{} for _ in range(sync.buckets(c))])
-                        if sync_now else [{}])
-                    self._instruction(a, phys, c, final_kind.get(a.stage, "B"), per_bucket,
-                                      gi, group)
+                        if sync_now else [self._scratch])
+                    fk = final_kind.get(a.stage, "B")
+                    flush(b, pending)
+                    self._instruction(a, phys, c, fk, per_bucket, gi, group, freq, mb_key)
+                    if use_fast and not sync_now \
+                            and last_bwd.get(a.stage) != (a.kind, a.micro_batch):
+                        bkey = (a.stage, a.kind, mb_key, freq, 1, fk, gi)
+                        tape = self._tapes.get(bkey)
+                        if tape is not None:
+                            blk = self._blocks[bkey]
+                            fast[(a.stage, a.kind, mb_key)] = (tape, blk.unit_ids,
+                                                               blk.extra_free)
                     if sync_now and gi == len(groups) - 1:
+                        flush(b, pending)
                         sync.dp_sync(a.stage, phys, c, per_bucket)
-        add_dep = self.b.add_dep
-        for tid, key in self.patch:
-            for dep in self.recv.get(key, ()):
-                add_dep(tid, dep)
+        flush(self.b, self.pending)
+        self._patch_deps()
         if self.opt.optimizer_step:
             sync.optimizer_step(self.last_compute)
         return self._program()
 
+    def _patch_deps(self) -> None:
+        """Add each receiver's deps on the transfers it waits for (`TaskTableBuilder.add_dep`,
+        in the same order; with tapes on, appended to the builder's late-dep lists in bulk)."""
+        recv = self.recv
+        if not self.tapes:
+            add_dep = self.b.add_dep
+            for tid, key in self.patch:
+                for dep in recv.get(key, ()):
+                    add_dep(tid, dep)
+            return
+        owners: list[int] = []
+        deps: list[int] = []
+        for tid, key in self.patch:
+            found = recv.get(key)
+            if found:
+                owners.extend([tid] * len(found))
+                deps.extend(found)
+        for base, rows, key in self.patch_runs:  # replayed: (base, rows, key), rows in order
+            found = recv.get(key)
+            if not found:
+                continue
+            if len(found) == 1:
+                owners.extend([base + r for r in rows])
+                deps.extend(found * len(rows))
+            else:
+                for r in rows:
+                    owners.extend([base + r] * len(found))
+                    deps.extend(found)
+        # the builder sorts late deps by owner (stable): each owner's stay in the order added
+        self.b.late_owner.extend(owners)
+        self.b.late_dep.extend(deps)
+
     def _instruction(self, a: Action, phys: int, c: InstructionCosts, final_kind: str,
-                     per_bucket: list[dict[int, int]], gi: int, group: ScheduleGroup) -> None:
+                     per_bucket: list[dict[int, int]], gi: int, group: ScheduleGroup,
+                     freq: float | None, mb_key: MbKey) -> None:
         """Tasks of one pipeline instruction on every replica unit of its stage: ZeRO-3
         parameter gather, recompute (with its collectives), the compute (split into gradient
         buckets when the data-parallel sync overlaps it), its tensor- and expert-parallel
@@ -247,16 +354,116 @@ class _Lowering:
         Every instruction of one kind (stage, pass, micro-batch shape, clock, buckets) emits
         the same block of tasks but for ids, deps and names, so the block (`_Block`: codes,
         times, planned collectives) is worked out once and stamped out here. Only the units
-        of schedule group `group` (index `gi`) run it."""
-        k, j = a.stage, a.micro_batch
+        of schedule group `group` (index `gi`) run it, at clock `freq` on shape `mb_key`."""
+        k = a.stage
         n = len(per_bucket)
-        layout = self.layout
-        freq = layout.freq(k, a)
-        mb_key = layout.mb_key(j, group)
         bkey = (k, a.kind, mb_key, freq, n, final_kind, gi)
         blk = self._blocks.get(bkey)
         if blk is None:
             blk = self._blocks[bkey] = self._block(a, phys, c, final_kind, n, freq, group)
+        if self.tapes and self.plan.zero < 3:
+            if bkey in self._tapes:
+                tape = self._tapes[bkey]
+                if tape is not None:
+                    inputs = self._inputs(a, blk)
+                    if tape.input_shape == tuple([len(x) for x in inputs]):
+                        replay(self.b, tape, inputs, a.micro_batch, k, a.kind,
+                               blk.extra_free, self.pending, patch=self.patch_runs,
+                               done=self.done,
+                               recv=self.recv, held=self.held,
+                               per_bucket=per_bucket if n > 1 or per_bucket[0] is not
+                               self._scratch else None, last_compute=self.last_compute)
+                        return
+            elif self._tapeable(blk, c):
+                flush(self.b, self.pending)
+                self._record(bkey, a, phys, c, per_bucket, blk)
+                return
+            else:
+                self._tapes[bkey] = None
+        flush(self.b, self.pending)
+        self._emit(a, phys, c, per_bucket, blk)
+
+    def _replay_run(self, run: list[tuple[Tape, int, int, str, float]],
+                    units: list[list[int]]) -> int:
+        """Replay `run` (tape, micro-batch, stage, pass, extra free; `units` each one's
+        units): with numpy in one pass where `replay_run` takes it, else one by one up to the
+        first whose inputs differ in form from its tape's. Returns how many it replayed."""
+        b = self.b
+        if len(run) > 1 and all(len(u) == 1 for u in units):
+            flush(b, self.pending)
+            if self._bank is None or self._bank.size != len(self._tape_list):
+                self._bank = Bank(self._tape_list)
+            if replay_run(b, self._bank, run, patch=self.patch_runs, done=self.done,
+                          recv=self.recv, held=self.held, last_compute=self.last_compute):
+                return len(run)
+        done = self.done
+        for q, ((tape, j, k, kind, extra), uids) in enumerate(zip(run, units)):
+            if kind == "F":
+                inputs: list[list[int]] = [[] for _ in uids]
+            elif kind == "W":
+                inputs = [done[(k, "F", j, u)] + done[(k, "I", j, u)] for u in uids]
+            else:
+                inputs = [done[(k, "F", j, u)] for u in uids]
+            if tape.input_shape == tuple([len(x) for x in inputs]):
+                replay(b, tape, inputs, j, k, kind, extra, self.pending, patch=self.patch_runs,
+                       done=done, recv=self.recv, held=self.held, per_bucket=None,
+                       last_compute=self.last_compute)
+            else:
+                return q
+        return len(run)
+
+    def _inputs(self, a: Action, blk: _Block) -> list[list[int]]:
+        """Per unit of `blk`, the tasks instruction `a` waits for first (its earlier passes)."""
+        k, j, done = a.stage, a.micro_batch, self.done
+        if a.kind == "F":
+            return [[] for _ in blk.unit_ids]
+        if a.kind == "W":
+            return [done[(k, "F", j, u)] + done[(k, "I", j, u)] for u in blk.unit_ids]
+        return [list(done[(k, "F", j, u)]) for u in blk.unit_ids]
+
+    def _tapeable(self, blk: _Block, c: InstructionCosts) -> bool:
+        """Whether `blk`'s rows depend only on its inputs (replay.py: no ZeRO-3, expert- or
+        per-op tensor-parallel collectives)."""
+        r = blk.recompute
+        return not blk.ep_needs and blk.main.op_needs is None and (
+            r is None or (r.op_needs is None and not (c.recompute_ep_comm and self.plan.ep >= 2)))
+
+    def _record(self, bkey: _BlockKey, a: Action, phys: int, c: InstructionCosts,
+                per_bucket: list[dict[int, int]], blk: _Block) -> None:
+        """Emit `a` with `_emit`, recording its tape for the block's later instructions."""
+        k, j = a.stage, a.micro_batch
+        inputs = self._inputs(a, blk)
+        t0, p0 = len(self.b), len(self.patch)
+        recv = self.recv
+        self.recv = {}
+        fresh: list[dict[int, int]] = [{} for _ in per_bucket]
+        try:
+            self._emit(a, phys, c, fresh, blk)
+        finally:
+            new_recv = self.recv
+            self.recv = recv
+            for key, ids in new_recv.items():
+                recv.setdefault(key, []).extend(ids)
+            for bucket, d in zip(per_bucket, fresh):
+                bucket.update(d)
+        free_rows = ([(fresh[-1][p] - t0, u) for i, u in enumerate(blk.unit_ids)
+                      for p in blk.units[i][0]] if blk.final else [])
+        held = [(u, self.held[(k, j, u)]) for u in blk.unit_ids] if a.kind == "F" else []
+        ranks = {p for prog, _ in blk.units for p in prog}
+        tape = record(self.b, t0, inputs, free_rows=free_rows, patch=self.patch[p0:],
+                      done={u: self.done[(k, a.kind, j, u)] for u in blk.unit_ids},
+                      recv=new_recv, held=held, per_bucket=fresh,
+                      last_compute={p: t for p, t in self.last_compute.items() if p in ranks},
+                      j=j, index=len(self._tape_list))
+        if tape is not None:
+            self._tape_list.append(tape)
+        self._tapes[bkey] = tape
+
+    def _emit(self, a: Action, phys: int, c: InstructionCosts,
+              per_bucket: list[dict[int, int]], blk: _Block) -> None:
+        """Append instruction `a`'s tasks the ordinary way (see `_instruction`)."""
+        k, j = a.stage, a.micro_batch
+        n = len(per_bucket)
         meta = (j, k, blk.first_layer, blk.last_layer)
         add, emit = self.b.add, self.comm.emit_planned
         waits: list[tuple[int, str, int]] = []
@@ -380,7 +587,12 @@ class _Lowering:
                      kind=b.kind(KIND_OF_ACTION[a.kind]),
                      times=[[w.time_s for w in row] for row in parts],
                      powers=[[w.power_w for w in row] for row in parts],
-                     alloc=c.kept_activation_bytes if a.kind == "F" else 0.0,
+                     # the backward's working set (recomputed activations, the loss's
+                     # gradient buffers) comes with the recompute task where there is one,
+                     # else with the backward itself; it is freed with the activations
+                     alloc=c.kept_activation_bytes if a.kind == "F" else
+                     c.recompute_activation_bytes if a.kind in ("B", "I") and recompute is None
+                     else 0.0,
                      tp=[self._tp_plan(needs, phys, prog, grp, name, u)
                          for u, (prog, grp) in zip(unit_ids, units)]
                      if not op_tp else [],
@@ -543,17 +755,15 @@ class _Lowering:
         mbs = layout.micro_batches
         if plan.replica_micro_batches is not None:
             every = [mb for ms in layout.replica_lists for mb in ms]
-            model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
-                              for mb in every)
+            model_flops = sum(layout.model_flops(mb) for mb in every)
             tokens: int | None = sum(mb.batch_size * mb.seq_len for mb in every)
         elif plan.dp_batch_split is None:
-            model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
-                              for mb in mbs) * plan.dp
+            model_flops = sum(layout.model_flops(mb) for mb in mbs) * plan.dp
             tokens = sum(mb.batch_size * mb.seq_len for mb in mbs) * plan.dp
         else:  # replica d runs the first counts[d] micro-batches
             counts = plan.replica_micro_batch_counts()
-            model_flops = sum(layout.graph(mb).training_flops("none", matmul_only=True)
-                              * sum(1 for m in counts if m > j) for j, mb in enumerate(mbs))
+            model_flops = sum(layout.model_flops(mb) * sum(1 for m in counts if m > j)
+                              for j, mb in enumerate(mbs))
             tokens = sum(mb.batch_size * mb.seq_len * sum(1 for m in counts if m > j)
                          for j, mb in enumerate(mbs))
         if layout.model.family == "wresnet":

@@ -33,3 +33,8 @@ class LoweringOptions:
     """Emit the tensor-parallel collectives. False when the cost model's op times already
     include them (Aceso's profiles measure each op with its all-reduce, search/aceso/profile.py),
     so they are not counted twice."""
+
+
+DEFAULT_OPTIONS = LoweringOptions()
+"""The options `lower` uses when given none (one object, so a `LoweringCache` bound to them
+serves every call that passes none)."""

@@ -1,0 +1,314 @@
+"""Oracle benchmark (issue 15): evaluations per second as planners use the Oracle.
+
+Every figure is measured in this one run, old and new side by side on the same plans, in CPU
+seconds of this process (`time.process_time`: on a machine shared with other jobs, wall time
+mostly measures them), the two sides taking turns plan by plan:
+
+* *old* — `Oracle(fast=False)`: each plan lowered from scratch and summarised from the full
+  SimResult (per-task table, memory and power timelines), as before issue 15;
+* *new* — `Oracle(fast=True)` (the default): lowering work shared between plans (graphs and
+  stage costs keyed by content, workloads/lowering/cache.py), repeated instructions stamped
+  from tapes (replay.py), and the Summary taken from the lean result (simulator/result.py).
+
+Both answer every plan with the same Summary; the bench checks it (`same` column) and stops
+if they differ. The old side runs today's lowering (the caches and tapes are all it lacks), so
+its rates are those of the code before issue 15. Plan streams, each a fresh Oracle per side (no answer is served from the plan
+cache: every plan in a stream is distinct):
+
+* *grid* — the grid planner's candidates (search/grid.py) for the case: a varied stream;
+* *aceso* — the plans an Aceso search evaluates (search/aceso/), in its order: single moves
+  around a plan (migrate layers, tp, recompute, micro-batch, GPUs between stages), recorded
+  once from a whole search (--quick: its first 2 s) and replayed to both sides;
+
+for GPT-3 1.3B on 4 V100 (Aceso's small case: batch 512, 12000 MB) and GPT-3 175B on 1024
+A100 (batch 1536; the grid is sampled evenly, the Aceso stream is the single moves around
+Megatron's tp 8 / pp 16 / dp 8 plan). Also printed: numba vs the SimPy reference engine on the
+first plans of the small grid stream, GPT-3 175B / 1024 GPUs unfolded (one evaluation, old and
+new), and the analytical bound (search/bound.py): how many plans of each stream it covers, how
+many a branch-and-bound planner would prune before lowering (bound >= the best time found so
+far in stream order), bounds per second, and that no bound exceeds the engine's time.
+
+Usage: ``python bench/oracle.py [--quick] [--json]`` (``--quick``: shorter streams, no
+unfolded case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+SMALL = ("aceso-gpt-1.3b", "4xV100-PCIe-32GB", 512, 12000.0)
+LARGE = ("gpt3-175b", "128x8xA100-SXM4-80GB", 1536, None)
+MEGATRON_175B = {"dp": 8, "tp": 8, "pp": 16, "global_batch": 1536, "micro_batch_size": 1,
+                 "schedule": "1f1b"}
+
+
+def _oracles(case: tuple[str, str, int, float | None], **kw: Any) -> tuple[Any, Any]:
+    """(old, new) Oracles for `case`."""
+    from trainsim.api import load_cluster, load_model
+    from trainsim.search.oracle import Oracle
+
+    model, cluster = load_model(case[0]), load_cluster(case[1])
+    return Oracle(model, cluster, fast=False, **kw), Oracle(model, cluster, fast=True, **kw)
+
+
+def _spec(oracle: Any, case: tuple[str, str, int, float | None], budget_s: float) -> Any:
+    from trainsim.search.planner import BYTES_PER_MB, SearchSpec
+
+    limit = None if case[3] is None else case[3] * BYTES_PER_MB
+    return SearchSpec(model=oracle.model, cluster=oracle.cluster, global_batch=case[2],
+                      memory_limit_bytes=limit, time_budget_s=budget_s)
+
+
+def grid_stream(case: tuple[str, str, int, float | None], limit: int | None) -> list[Any]:
+    """The grid planner's candidates that build, as checked plans (evenly sampled to
+    `limit`)."""
+    from trainsim.errors import PlanError
+    from trainsim.search.grid import GridPlanner
+    from trainsim.search.planner import SearchState
+
+    _, oracle = _oracles(case)
+    state = SearchState(_spec(oracle, case, 600.0), oracle)
+    plans = []
+    for fields, _ in GridPlanner().candidates(state):
+        try:
+            plans.append(oracle.plan(fields))
+        except PlanError:
+            continue
+    if limit is not None and len(plans) > limit:
+        step = len(plans) / limit
+        plans = [plans[int(i * step)] for i in range(limit)]
+    return plans
+
+
+def aceso_stream_small(case: tuple[str, str, int, float | None], budget_s: float) -> list[Any]:
+    """The distinct plans a short Aceso search evaluates, in its order."""
+    from trainsim.search.aceso.planner import AcesoPlanner
+    from trainsim.search.planner import run_search
+
+    _, oracle = _oracles(case)
+    result = run_search(AcesoPlanner(), _spec(oracle, case, budget_s), oracle=oracle)
+    seen: dict[str, Any] = {}
+    for r in result.log:
+        if r.plan is not None:
+            seen.setdefault(r.summary.plan_key, r.plan)
+    return list(seen.values())
+
+
+def aceso_stream_large(case: tuple[str, str, int, float | None], limit: int) -> list[Any]:
+    """Megatron's 175B plan and Aceso's single moves around its middle stage."""
+    from trainsim.errors import PlanError
+    from trainsim.search.aceso.moves import check_config, config_of, moves
+    from trainsim.search.aceso.planner import AcesoPlanner, num_blocks, recompute_ladder
+    from trainsim.search.planner import SearchState
+
+    _, oracle = _oracles(case)
+    state = SearchState(_spec(oracle, case, 600.0), oracle)
+    ctx = AcesoPlanner()._context(state)
+    base = oracle.plan(MEGATRON_175B)
+    cfg = config_of(base, num_blocks(oracle.model))
+    plans = [base]
+    for move in moves(cfg, len(cfg.stages) // 2, memory_bound=False,
+                      ladder=recompute_ladder(oracle.model)):
+        if len(plans) >= limit:
+            break
+        if not check_config(move.config, **ctx):
+            continue
+        try:
+            plans.append(oracle.plan(move.config.to_fields(case[2])))
+        except PlanError:
+            continue
+    return plans
+
+
+def _run(oracle: Any, plans: list[Any]) -> tuple[float, list[Any]]:
+    """CPU seconds to evaluate every plan (this process's: other jobs on a shared machine do
+    not count), and the Summaries (errors kept as Summaries); the garbage collector runs
+    before, not during (so one side does not pay for the other's garbage)."""
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.process_time()
+        out = oracle.evaluate_many(plans)
+        return time.process_time() - t0, out
+    finally:
+        gc.enable()
+
+
+def compare(name: str, case: tuple[str, str, int, float | None], plans: list[Any],
+            **kw: Any) -> dict[str, Any]:
+    """Old vs new on one stream: evaluations/s each, the ratio, and whether they agree.
+
+    The two sides take turns plan by plan, so a load change on a shared machine hits both."""
+    import pandas  # noqa: F401  # the old path's first build_result would import it
+
+    old, new = _oracles(case, **kw)
+    old_s = new_s = 0.0
+    old_out, new_out = [], []
+    for plan in plans:
+        for oracle, out in ((old, old_out), (new, new_out)):
+            seconds, summary = _run(oracle, [plan])
+            out.extend(summary)
+            if oracle is old:
+                old_s += seconds
+            else:
+                new_s += seconds
+    same = [a.to_dict() for a in old_out] == [b.to_dict() for b in new_out]
+    if not same:
+        raise SystemExit(f"{name}: old and new Oracles disagree")
+    tasks = sum(s.num_tasks for s in new_out)
+    return {"stream": name, "plans": len(plans), "tasks_per_plan": tasks / max(len(plans), 1),
+            "old_s": old_s, "new_s": new_s, "old_evals_per_s": len(plans) / old_s,
+            "new_evals_per_s": len(plans) / new_s, "speedup": old_s / new_s, "same": same,
+            "summaries": new_out}
+
+
+def engines(case: tuple[str, str, int, float | None], plans: list[Any]) -> dict[str, Any]:
+    """numba vs SimPy (both on the new Oracle path) on the same plans."""
+    from trainsim.api import load_cluster, load_model
+    from trainsim.search.oracle import Oracle
+
+    model, cluster = load_model(case[0]), load_cluster(case[1])
+    out: dict[str, Any] = {"plans": len(plans)}
+    results = {}
+    for engine in ("numba", "simpy"):
+        seconds, summaries = _run(Oracle(model, cluster, engine=engine), plans)
+        out[f"{engine}_evals_per_s"] = len(plans) / seconds
+        results[engine] = [s.iteration_time_s for s in summaries]
+    out["ratio"] = out["numba_evals_per_s"] / out["simpy_evals_per_s"]
+    out["same_times"] = all(a == b or abs(a - b) <= 1e-9 * abs(b)
+                            for a, b in zip(results["numba"], results["simpy"]))
+    return out
+
+
+def bound_row(name: str, case: tuple[str, str, int, float | None], plans: list[Any],
+              summaries: list[Any]) -> dict[str, Any]:
+    """Coverage, pruning rate, speed and soundness of `plan_bound` on a stream."""
+    from trainsim.api import load_cluster, load_model
+    from trainsim.search.bound import plan_bound
+    from trainsim.search.planner import BYTES_PER_MB, fits
+
+    model, cluster = load_model(case[0]), load_cluster(case[1])
+    limit = None if case[3] is None else case[3] * BYTES_PER_MB
+    from trainsim.workloads.lowering.cache import LoweringCache
+
+    cache = LoweringCache()  # as a planner would hold one (an Oracle's)
+    t0 = time.process_time()
+    bounds = [plan_bound(model, cluster, p, cache=cache) for p in plans]
+    seconds = time.process_time() - t0
+    best, pruned, covered, violations = math.inf, 0, 0, 0
+    for b, s in zip(bounds, summaries):
+        if b is not None:
+            covered += 1
+            pruned += b >= best
+            violations += s.error is None and b > s.iteration_time_s
+        if fits(s, limit):
+            best = min(best, s.iteration_time_s)
+    return {"stream": name, "plans": len(plans), "covered": covered, "pruned": pruned,
+            "prune_rate": pruned / covered if covered else 0.0,
+            "bounds_per_s": len(plans) / seconds, "violations": violations}
+
+
+def unfolded() -> dict[str, Any]:
+    """GPT-3 175B on 1024 GPUs unfolded (one program rank per GPU): one evaluation each side."""
+    from trainsim.workloads.lowering import LoweringOptions
+
+    opt = LoweringOptions(fold=False)
+    row: dict[str, Any] = {}
+    summaries = []
+    for side, oracle in zip(("old", "new"), _oracles(LARGE, options=opt)):
+        plan = oracle.plan(MEGATRON_175B)
+        seconds, out = _run(oracle, [plan])
+        summaries.append(out[0].to_dict())
+        row[f"{side}_s"] = seconds
+        row["tasks"] = summaries[-1]["num_tasks"]
+        del oracle
+    row["same"] = summaries[0] == summaries[1]
+    if not row["same"]:
+        raise SystemExit("175B unfolded: old and new Oracles disagree")
+    return row
+
+
+def _timed(label: str, fn: Callable[[], Any]) -> Any:
+    t0 = time.perf_counter()
+    out = fn()
+    print(f"  [{label}: {time.perf_counter() - t0:.1f} s]", flush=True)
+    return out
+
+
+def render(report: dict[str, Any]) -> str:
+    """The tables, as text."""
+    lines = [(f"trainsim Oracle benchmark ({report['mode']}): evaluations per CPU second, "
+              "old (fast=False) vs new (fast=True), same plans, taking turns"), ""]
+    lines.append(f"{'case / stream':34} {'plans':>6} {'tasks/plan':>10} {'old eval/s':>11} "
+                 f"{'new eval/s':>11} {'speedup':>8} {'same':>5}")
+    for r in report["streams"]:
+        lines.append(f"{r['stream']:34} {r['plans']:>6} {r['tasks_per_plan']:>10,.0f} "
+                     f"{r['old_evals_per_s']:>11.1f} {r['new_evals_per_s']:>11.1f} "
+                     f"{r['speedup']:>7.2f}x {'yes' if r['same'] else 'NO':>5}")
+    u = report.get("unfolded")
+    if u:
+        lines.append("")
+        lines.append(f"GPT-3 175B / 1024 A100 unfolded ({u['tasks']:,} tasks), one evaluation "
+                     f"(CPU s): old {u['old_s']:.2f}, new {u['new_s']:.2f} "
+                     f"({u['old_s'] / u['new_s']:.2f}x), same: {'yes' if u['same'] else 'NO'}")
+    e = report["engines"]
+    lines.append("")
+    lines.append(f"engines on the first {e['plans']} small grid plans (new path): numba "
+                 f"{e['numba_evals_per_s']:.1f} eval/s, SimPy {e['simpy_evals_per_s']:.2f} "
+                 f"eval/s ({e['ratio']:.0f}x), same iteration times: "
+                 f"{'yes' if e['same_times'] else 'NO'}")
+    lines.append("")
+    lines.append(f"{'bound (search/bound.py) / stream':34} {'plans':>6} {'covered':>8} "
+                 f"{'pruned':>7} {'rate':>6} {'bounds/s':>9} {'bound>engine':>12}")
+    for r in report["bounds"]:
+        lines.append(f"{r['stream']:34} {r['plans']:>6} {r['covered']:>8} {r['pruned']:>7} "
+                     f"{r['prune_rate']:>6.0%} {r['bounds_per_s']:>9.0f} {r['violations']:>12}")
+    lines.append("(pruned: bound >= best fitting time found earlier in the stream, so a "
+                 "branch-and-bound planner skips it before lowering)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter streams, no unfolded case")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    quick = args.quick
+    from trainsim.simulator.engine_numba import event_times
+    from trainsim.simulator.random_program import random_program
+
+    event_times(random_program(0, 2, 20).freeze())  # compile / load numba before timing
+    report: dict[str, Any] = {"mode": "quick" if quick else "full"}
+    small_grid = _timed("small grid stream", lambda: grid_stream(SMALL, 24 if quick else None))
+    small_aceso = _timed("small aceso stream",  # full: the whole search (no budget cut)
+                         lambda: aceso_stream_small(SMALL, 2.0 if quick else 60.0))
+    large_grid = _timed("large grid stream", lambda: grid_stream(LARGE, 3 if quick else 6))
+    large_aceso = _timed("large aceso stream", lambda: aceso_stream_large(LARGE,
+                                                                           3 if quick else 6))
+    streams = [("1.3B / 4 V100: grid", SMALL, small_grid),
+               ("1.3B / 4 V100: aceso moves", SMALL, small_aceso),
+               ("175B / 1024 A100: grid (sampled)", LARGE, large_grid),
+               ("175B / 1024 A100: aceso moves", LARGE, large_aceso)]
+    report["streams"] = [_timed(name, lambda n=name, c=case, p=plans: compare(n, c, p))
+                         for name, case, plans in streams]
+    if not quick:
+        report["unfolded"] = _timed("175B unfolded", unfolded)
+    report["engines"] = _timed("engines", lambda: engines(SMALL, small_grid[:8 if quick else 16]))
+    report["bounds"] = [bound_row(name, case, plans, r["summaries"])
+                        for (name, case, plans), r in zip(streams, report["streams"])]
+    for r in report["streams"]:
+        del r["summaries"]
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report))
+
+
+if __name__ == "__main__":
+    main()

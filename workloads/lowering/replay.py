@@ -1,0 +1,351 @@
+"""Instruction tapes: emit a pipeline instruction once, then stamp its rows out again.
+
+Every instruction of one block (stage, pass, micro-batch shape, clock, buckets — lower.py's
+`_Block`) appends the same rows to the task table but for four things: the ids (shifted by
+where it starts), the micro-batch (name argument and `micro_batch` column), the deps on what
+came before it (the previous pass of the same micro-batch: its inputs), and the memory its last
+backward frees (what its forward holds). So the first instruction of a block is emitted by
+lowering's ordinary code and recorded as a `Tape` — its rows' columns, each dep as "row r of
+this instruction" or "input slot s", and the bookkeeping it did (which tasks later passes, the
+gradient reduction, the optimizer step and the stage-boundary patches wait for) — and every
+later one is `replay`ed: a few list extensions instead of one Python call per task. A run of
+consecutive replays on a one-unit stage (folded plans: every pass leaves one task the next
+waits for) is stamped out at once by `replay_run`, its columns gathered with numpy from all
+tapes laid end to end (`Bank`).
+
+A block is taped only where its rows depend on nothing else (no ZeRO-3 gathers, expert-parallel
+or per-op tensor-parallel collectives, whose deps reach outside the instruction), and a tape is
+replayed only onto inputs of the recorded shape; anything else runs the ordinary code. The
+replayed rows are the rows the ordinary code would append (tests/workloads/
+test_lowering_cache.py compares whole programs with and without tapes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain, repeat
+from operator import attrgetter, itemgetter
+from typing import Any
+
+import numpy as np
+
+from trainsim.simulator.task_table import TaskTableBuilder
+
+LONG_TAPE = 256
+"""Deps from which a replay resolves them with numpy rather than a list comprehension."""
+
+_CONST = ("name_code", "kind_code", "stream_code", "member_count", "member_rank", "link_count",
+          "link_idx", "dep_count", "duration_s", "comm_bytes", "mem_alloc_bytes", "power_w",
+          "freq_mhz", "stage", "first_layer", "last_layer")
+"""Builder columns a replay copies as recorded (`member_rank`, `link_idx`: flat values)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tape:
+    """One recorded instruction (ids relative to its first row; `slot` = index into the flat
+    list of its inputs, unit by unit)."""
+
+    index: int
+    """Its place in the lowering's list of tapes (`Bank`)."""
+    rows: int
+    """Rows it appends."""
+    values: tuple[list[Any], ...]
+    """The `_CONST` columns' recorded values."""
+    free: list[float]
+    """The `mem_free_bytes` column as recorded (free rows are set again on replay)."""
+    free_rows: tuple[tuple[int, int], ...]
+    """(row, unit) of each row that frees the micro-batch's held memory (its last backward)."""
+    deps: tuple[tuple[bool, int], ...]
+    """Every dep in order: (True, row) inside the instruction, (False, slot) an input."""
+    inside: tuple[int, ...] | None
+    """The deps' rows when every dep is inside the instruction (the fast case), else None."""
+    dep_arrays: tuple[np.ndarray, np.ndarray] | None
+    """`deps` as (inside?, row or slot) arrays when it is long (numpy resolves it faster)."""
+    input_shape: tuple[int, ...]
+    """Length of each unit's input list."""
+    patch: tuple[tuple[tuple[int, ...], Any, Any, int], ...]
+    """(rows, stage, direction, unit): rows with a late dep on a stage-boundary transfer, in
+    the order the ordinary code adds them (one entry per run of rows waiting on one key)."""
+    done: tuple[tuple[int, tuple[int, ...]], ...]
+    """(unit, rows) each unit's later passes wait for."""
+    recv: tuple[tuple[int, Any, int, tuple[int, ...]], ...]
+    """(stage, direction, unit, rows) of what the neighbouring stage waits for."""
+    held: tuple[tuple[int, float], ...]
+    """(unit, bytes) of memory a forward holds until the last backward."""
+    per_bucket: tuple[tuple[int, int, int], ...]
+    """(bucket, program rank, row) of each gradient bucket's compute task."""
+    last_compute: tuple[tuple[int, int], ...]
+    """(program rank, row) of each rank's last compute task after the instruction."""
+
+
+def record(b: TaskTableBuilder, t0: int, inputs: list[list[int]], *, free_rows: list[tuple[int, int]],
+           patch: list[tuple[int, tuple[Any, ...]]], done: dict[int, list[int]],
+           recv: dict[tuple[Any, ...], list[int]], held: list[tuple[int, float]],
+           per_bucket: list[dict[int, int]],
+           last_compute: dict[int, int], j: int, index: int) -> Tape | None:
+    """The tape of the instruction that appended rows `t0..` of `b` from `inputs` (per unit,
+    the ids it waited for), with the bookkeeping it did; None when it cannot be replayed (a dep
+    or a result outside the instruction and its inputs, or an input id in two slots)."""
+    n = len(b.kind_code) - t0
+    if n == 0:
+        return None
+    if any(x != j for x in b.name_arg[t0:]) or any(x != j for x in b.micro_batch[t0:]):
+        return None
+    slot_of: dict[int, int] = {}
+    flat = [x for row in inputs for x in row]
+    for s, x in enumerate(flat):
+        if x in slot_of:
+            return None
+        slot_of[x] = s
+    first_dep = len(b.dep_idx) - sum(b.dep_count[t0:])
+    deps: list[tuple[bool, int]] = []
+    for d in b.dep_idx[first_dep:]:
+        if d >= t0:
+            deps.append((True, d - t0))
+        elif d in slot_of:
+            deps.append((False, slot_of[d]))
+        else:
+            return None
+
+    def rel(ids: list[int]) -> tuple[int, ...] | None:
+        if any(x < t0 for x in ids):
+            return None
+        return tuple(x - t0 for x in ids)
+
+    done_rel = []
+    for u, ids in done.items():
+        r = rel(ids)
+        if r is None:
+            return None
+        done_rel.append((u, r))
+    recv_rel = []
+    for key, ids in recv.items():
+        r = rel(ids)
+        if r is None or key[2] != j:
+            return None
+        recv_rel.append((key[0], key[1], key[3], r))
+    patch_rel: list[tuple[list[int], Any, Any, int]] = []
+    for tid, key in patch:
+        if tid < t0 or key[2] != j:
+            return None
+        if patch_rel and patch_rel[-1][1:] == (key[0], key[1], key[3]):
+            patch_rel[-1][0].append(tid - t0)
+        else:
+            patch_rel.append(([tid - t0], key[0], key[1], key[3]))
+    values = tuple(getattr(b, c)[_start(b, c, t0):] for c in _CONST)
+    inside = tuple(v for _, v in deps) if all(i for i, _ in deps) else None
+    arrays = None
+    if inside is None and len(deps) >= LONG_TAPE:
+        arrays = (np.array([i for i, _ in deps], bool), np.array([v for _, v in deps], np.int64))
+    return Tape(index=index, rows=n, values=values, free=b.mem_free_bytes[t0:], free_rows=tuple(free_rows),
+                deps=tuple(deps), inside=inside, dep_arrays=arrays, input_shape=tuple(len(x) for x in inputs),
+                patch=tuple((tuple(r), st, d, u) for r, st, d, u in patch_rel), done=tuple(done_rel), recv=tuple(recv_rel),
+                held=tuple(held),
+                per_bucket=tuple((bk, p, tid - t0) for bk, d in enumerate(per_bucket)
+                                 for p, tid in d.items()),
+                last_compute=tuple((p, tid - t0) for p, tid in last_compute.items()
+                                   if tid >= t0))
+
+
+def replay(b: TaskTableBuilder, tape: Tape, inputs: list[list[int]], j: int, k: int, kind: str,
+           extra_free: float, pending: list[tuple[list[Any], ...]], *,
+           patch: list[tuple[int, tuple[int, ...], tuple[Any, ...]]],
+           done: dict[tuple[Any, ...], list[int]], recv: dict[tuple[Any, ...], list[int]],
+           held: dict[tuple[int, int, int], float], per_bucket: list[dict[int, int]] | None,
+           last_compute: dict[int, int]) -> None:
+    """Append `tape`'s rows for micro-batch `j` of stage `k` after `inputs` (per unit, of the
+    recorded shape) and do its bookkeeping (the `_CONST` columns go to `pending`, for `flush`
+    to append before the builder is next used otherwise): a row that frees the micro-batch frees what its
+    forward holds plus `extra_free`; `per_bucket` None when no reduction reads the buckets.
+    The compute history ZeRO-3 reads is not kept (tapes are used only without ZeRO-3).
+    `tape` must have been recorded on `b` (its column `extend`s are `b`'s)."""
+    base = len(b.name_arg)  # the deferred columns (`pending`) may lag behind
+    pending.append(tape.values)
+    js = [j] * tape.rows
+    b.name_arg.extend(js)
+    b.micro_batch.extend(js)
+    if tape.inside is not None:
+        b.dep_idx.extend([base + v for v in tape.inside])
+    elif tape.dep_arrays is not None:  # a long tape (unfolded): resolve its deps with numpy
+        inside, value = tape.dep_arrays
+        given = np.fromiter((x for row in inputs for x in row), np.int64)
+        b.dep_idx.extend(np.where(inside, value + base,
+                                  given[np.where(inside, 0, value)] if len(given) else 0
+                                  ).tolist())
+    else:
+        flat = [x for row in inputs for x in row]
+        b.dep_idx.extend([base + v if inside else flat[v] for inside, v in tape.deps])
+    for u, size in tape.held:
+        held[(k, j, u)] = size
+    if tape.free_rows:
+        col = list(tape.free)
+        for row, u in tape.free_rows:
+            col[row] = held.get((k, j, u), 0.0) + extra_free
+        b.mem_free_bytes.extend(col)
+    else:
+        b.mem_free_bytes.extend(tape.free)
+    for rows, stage, direction, u in tape.patch:
+        patch.append((base, rows, (stage, direction, j, u)))
+    for u, rows in tape.done:
+        done[(k, kind, j, u)] = [base + r for r in rows]
+    for stage, direction, u, rows in tape.recv:
+        recv.setdefault((stage, direction, j, u), []).extend([base + r for r in rows])
+    if per_bucket is not None:
+        for bucket, p, row in tape.per_bucket:
+            per_bucket[bucket][p] = base + row
+    for p, row in tape.last_compute:
+        last_compute[p] = base + row
+
+
+def flush(b: TaskTableBuilder, pending: list[tuple[list[Any], ...]]) -> None:
+    """Append the `_CONST` columns of the replays in `pending` to `b` (one pass per column)
+    and empty it."""
+    if not pending:
+        return
+    for i, column in enumerate(_CONST):
+        getattr(b, column).extend(chain.from_iterable(map(itemgetter(i), pending)))
+    pending.clear()
+
+
+def _start(b: TaskTableBuilder, column: str, t0: int) -> int:
+    """Where rows `t0..` begin in a builder column (flat columns: after the earlier rows')."""
+    if column == "member_rank":
+        return len(b.member_rank) - sum(b.member_count[t0:])
+    if column == "link_idx":
+        return len(b.link_idx) - sum(b.link_count[t0:])
+    return t0
+
+
+__all__ = ["Bank", "Tape", "flush", "record", "replay", "replay_run"]
+
+
+class Bank:
+    """Every tape of one lowering as numpy columns, to stamp out a run of replays at once
+    (`replay_run`); rebuilt when a tape is added."""
+
+    def __init__(self, tapes: list[Tape]) -> None:
+        self.size = len(tapes)
+        rows = np.array([t.rows for t in tapes], np.int64)
+        self.rows = rows
+        self.row_off = np.concatenate(([0], np.cumsum(rows)[:-1])).astype(np.int64)
+        self.cols = {c: np.array([x for t in tapes for x in t.values[i]])
+                     for i, c in enumerate(_CONST)}
+        self.free = np.array([x for t in tapes for x in t.free], np.float64)
+        flag = np.zeros(int(rows.sum()), bool)
+        for t, off in zip(tapes, self.row_off.tolist()):
+            for row, _ in t.free_rows:
+                flag[off + row] = True
+        self.free_flag = flag
+        self.ptr = {c: np.concatenate(([0], np.cumsum(self.cols[n])[:-1])).astype(np.int64)
+                    for c, n in (("member_rank", "member_count"), ("link_idx", "link_count"))}
+        self.dep_ptr = np.concatenate(([0], np.cumsum(self.cols["dep_count"])[:-1])).astype(
+            np.int64)
+        self.dep_inside = np.array([i for t in tapes for i, _ in t.deps], bool)
+        self.dep_value = np.array([v for t in tapes for _, v in t.deps], np.int64)
+        self.done_row = np.array([t.done[0][1][0] if len(t.done) == 1 and t.done[0][0] == 0
+                                  and len(t.done[0][1]) == 1 else -1 for t in tapes], np.int64)
+        self.inputs = np.array([t.input_shape[0] if len(t.input_shape) == 1 else -1
+                                for t in tapes], np.int64)
+        """Inputs of each tape on its one unit (-1: several units)."""
+
+
+def _gather(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Indices start..start+count of every (start, count), concatenated."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    shift = np.repeat(starts - (np.cumsum(counts) - counts), counts)
+    return shift + np.arange(total, dtype=np.int64)
+
+
+_KIND_INPUTS = {"F": 0, "B": 1, "I": 1, "W": 2}
+"""Inputs of a pass on a one-unit stage whose passes leave one task: none for a forward, the
+forward's for a backward, the forward's and the input-gradient pass's for a weight pass."""
+
+
+def replay_run(b: TaskTableBuilder, bank: Bank, run: list[tuple[Tape, int, int, str, float]], *,
+               patch: list[tuple[int, tuple[int, ...], tuple[Any, ...]]],
+               done: dict[tuple[Any, ...], list[int]], recv: dict[tuple[Any, ...], list[int]],
+               held: dict[tuple[int, int, int], float], last_compute: dict[int, int]) -> bool:
+    """`replay` of every (tape, micro-batch, stage, pass, extra free) in `run`, in order, with
+    the columns built by numpy in one pass: for one-unit stages whose passes leave one task
+    the next pass waits for (folded plans on one replica class). Returns False, appending
+    nothing, where a tape or an input does not have that form (the caller replays one by
+    one). The builder's deferred columns must have been flushed."""
+    n = len(run)
+    tapes, js, ks, kinds, extras = zip(*run)
+    index = np.fromiter(map(attrgetter("index"), tapes), np.int64, n)
+    nin = np.fromiter(map(_KIND_INPUTS.__getitem__, kinds), np.int64, n)
+    if (bank.done_row[index] < 0).any() or (bank.inputs[index] != nin).any():
+        return False
+    keys = list(zip(ks, kinds, js, repeat(0)))
+    if not done.keys().isdisjoint(keys):
+        return False
+    rows = bank.rows[index]
+    base = len(b.name_arg) + np.cumsum(rows) - rows
+    # the done task of each pass first, so later passes in the run read theirs
+    done.update(zip(keys, map(list, zip((base + bank.done_row[index]).tolist()))))
+    slots = np.full((n, 2), -1, np.int64)
+    try:
+        for slot, (kind_min, before) in enumerate(((1, "F"), (2, "I"))):
+            at = np.flatnonzero(nin >= kind_min).tolist()
+            found = list(map(done.__getitem__, [(ks[q], before, js[q], 0) for q in at]))
+            if any(len(x) != 1 for x in found):
+                raise KeyError(before)
+            slots[at, slot] = list(map(itemgetter(0), found))
+    except KeyError:  # an input of another form: undo, replay one by one
+        for key in keys:
+            del done[key]
+        return False
+    g = _gather(bank.row_off[index], rows)
+    owner = np.repeat(np.arange(n, dtype=np.int64), rows)
+    for column in _CONST:
+        if column in bank.ptr:
+            counts = bank.cols["member_count" if column == "member_rank" else "link_count"][g]
+            getattr(b, column).extend(bank.cols[column][_gather(bank.ptr[column][g],
+                                                                counts)].tolist())
+        else:
+            getattr(b, column).extend(bank.cols[column][g].tolist())
+    per_row_j = np.asarray(js, np.int64)[owner].tolist()
+    b.name_arg.extend(per_row_j)
+    b.micro_batch.extend(per_row_j)
+    dep_counts = bank.cols["dep_count"][g]
+    dg = _gather(bank.dep_ptr[g], dep_counts)
+    dep_owner = np.repeat(owner, dep_counts)
+    inside, value = bank.dep_inside[dg], bank.dep_value[dg]
+    given = slots[dep_owner, np.where(inside, 0, np.minimum(value, 1))]
+    b.dep_idx.extend(np.where(inside, base[dep_owner] + value, given).tolist())
+    unique = {t.index: t for t in tapes}
+    at_tape = {i: np.flatnonzero(index == i) for i in unique}
+    for i, tape in unique.items():
+        for u, size in tape.held:
+            held.update(zip(zip((ks[q] for q in at_tape[i]), (js[q] for q in at_tape[i]),
+                                repeat(u)), repeat(size)))
+    free = bank.free[g]
+    flag = bank.free_flag[g]
+    if flag.any():
+        due = np.fromiter(map(held.get, zip(ks, js, repeat(0)), repeat(0.0)), np.float64, n)
+        free = np.where(flag, (due + np.asarray(extras, np.float64))[owner], free)
+    b.mem_free_bytes.extend(free.tolist())
+    last: dict[int, tuple[int, int]] = {}
+    for i, tape in unique.items():
+        at = at_tape[i]
+        starts = base[at].tolist()
+        tj = [js[q] for q in at.tolist()]
+        for prows, stage, direction, u in tape.patch:
+            patch.extend(zip(starts, repeat(prows), zip(repeat(stage), repeat(direction), tj,
+                                                         repeat(u))))
+        for stage, direction, u, rrows in tape.recv:
+            rkeys = list(zip(repeat(stage), repeat(direction), tj, repeat(u)))
+            if len(rrows) == 1 and recv.keys().isdisjoint(rkeys):
+                recv.update(zip(rkeys, map(list, zip((base[at] + rrows[0]).tolist()))))
+                continue
+            for first, key in zip(starts, rkeys):
+                recv.setdefault(key, []).extend([first + r for r in rrows])
+        for p, row in tape.last_compute:
+            q = int(at[-1])
+            if p not in last or last[p][0] < q:
+                last[p] = (q, int(base[q]) + row)
+    for p, (_, tid) in last.items():
+        last_compute[p] = tid
+    return True
