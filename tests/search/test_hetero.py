@@ -117,6 +117,7 @@ def test_bound_never_exceeds_the_engine_time() -> None:
     rng = random.Random(3)
     orders = cyclic_orders(cluster)
     checked = 0
+    ratios = []
     for _ in range(14):
         tp = rng.choice([1, 2, 4])
         dp = rng.choice([d for d in (1, 2, 3, 4, 6, 12) if (12 // tp) % d == 0 and 24 % d == 0])
@@ -128,9 +129,14 @@ def test_bound_never_exceeds_the_engine_time() -> None:
         for cand in builder.build(deg, rng.choice(orders), "exact", "test"):
             summary = oracle.evaluate(cand.fields)
             assert cand.bound_s <= summary.iteration_time_s, cand.note
-            assert cand.bound_s > 0.3 * summary.iteration_time_s, cand.note  # not vacuous
+            # not vacuous: the bound counts compute alone, so it is held to the busiest
+            # stage's work; plans whose time is mostly exposed communication (tensor
+            # parallelism over the A10s' PCIe) are far above it, as they should be
+            assert cand.bound_s > 0.3 * max(summary.stage_busy_s), cand.note
+            ratios.append(cand.bound_s / summary.iteration_time_s)
             checked += 1
     assert checked >= 14
+    assert sorted(ratios)[len(ratios) // 2] > 0.5  # the typical plan's bound is tight-ish
 
 
 # ---------------------------------------------------------------- search properties

@@ -69,9 +69,9 @@ CASES: dict[str, tuple[str, str, dict]] = {
 #: one layer's recomputed activations at a time, not the whole stage's), and every case
 #: re-recorded after the Oracle-fidelity changes of issue 13 (FlashAttention by default, the
 #: MAMF GEMM plateaus, DVFS coefficients and power fitted to Perseus, ZeRO-3 gathers
-#: prefetched layer by layer), and again (all but zero3, whose ZeRO-3 change is another's) when
-#: collectives became priced as measured (hwmodels/collectives.py, NVLink-neighbour and
-#: multi-NIC rings in simulator/rings.py).
+#: prefetched layer by layer), and again when collectives became priced as measured
+#: (hwmodels/collectives.py, NVLink-neighbour and multi-NIC rings in simulator/rings.py; zero3's
+#: inter-node parameter gathers run one ring per NIC instead of through one GPU's PCIe link).
 EXPECTED: dict[str, tuple[int, float, float, float]] = {
     "1f1b/fold": (286, 0.07854434322349242, 3832791040.0, 276.0715067010087),
     "1f1b/unfold": (906, 0.07854434322349242, 3832791040.0, 276.0715067010087),
@@ -79,8 +79,8 @@ EXPECTED: dict[str, tuple[int, float, float, float]] = {
     "interleaved/unfold": (784, 0.09529763873685278, 7734296576.0, 197.60705078313492),
     "zb-h1/fold": (172, 0.07890785977694274, 2457030656.0, 54.7250569458348),
     "zb-h1/unfold": (312, 0.07890785977694274, 2457030656.0, 54.725056945834794),
-    "zero3/fold": (52, 0.06040297794345227, 1038276096.0, 88.31789369774283),
-    "zero3/unfold": (236, 0.06040297794345227, 1038276096.0, 88.31789369774285),
+    "zero3/fold": (52, 0.04490913546889252, 1038276096.0, 77.9506538211654),
+    "zero3/unfold": (236, 0.04490913546889252, 1038276096.0, 77.9506538211654),
     "zero1-pp/fold": (74, 0.038227209416115994, 1162953728.0, 57.593007266938784),
     "zero1-pp/unfold": (228, 0.038227209416115994, 1162953728.0, 57.593007266938784),
     "moe/fold": (104, 0.08908234921031453, 15161688064.0, 307.0389878758359),
