@@ -34,6 +34,8 @@ from trainsim.search.hetero.objectives import with_prices
 from trainsim.search.hetero.pareto import ParetoPoint
 from trainsim.search.hetero.sweep import compositions, parse_range
 from trainsim.search.hetero.sweep import sweep as sweep_compositions
+from trainsim.search.intraop.pipeline import METHOD as PIPELINE_METHOD
+from trainsim.search.intraop.pipeline import PipelineResult, run_intraop_pp
 from trainsim.search.intraop.planner import IntraopResult, run_intraop
 from trainsim.search.methods import get_planner
 from trainsim.search.microbatch.planner import METHODS as MICROBATCH_METHODS
@@ -456,15 +458,20 @@ def search_options(profile: str | Path | None, model: ModelSpec, cluster: str | 
 def intraop(model: str | ModelSpec, cluster: str | Cluster, *, method: str = "intraop",
             global_batch: int = 8, mesh: str | tuple[int, ...] | None = None,
             memory_limit_gb: float | None = None, time_limit_s: float = 60.0,
-            recompute: bool = False) -> IntraopResult:
+            recompute: bool = False) -> IntraopResult | PipelineResult:
     """Intra-operator sharding search (`sim search --method intraop|alpa|megatron`): CFP's
     ParallelBlocks with a DP over repeated segments, an Alpa-style ILP, or Megatron's hand
-    tensor parallelism on a 1-D or 2-D mesh, each plan scored on the engine.
+    tensor parallelism on a 1-D or 2-D mesh, each plan scored on the engine; "intraop-pp"
+    adds pipeline stages and micro-batches (1F1B) around per-stage CFP (a `PipelineResult`).
 
     Raises:
         SpecError: bad method, mesh or model. IntraopMemoryError: no plan fits the limit (the
             message names the smallest limit any plan meets).
     """
+    if method == PIPELINE_METHOD:  # pipeline stages × per-stage CFP (search/intraop/pipeline.py)
+        return run_intraop_pp(load_model(model), load_cluster(cluster),
+                              global_batch=global_batch, mesh=mesh,
+                              memory_limit_gb=memory_limit_gb)
     return run_intraop(load_model(model), load_cluster(cluster), method=method,
                        global_batch=global_batch, mesh=mesh, memory_limit_gb=memory_limit_gb,
                        time_limit_s=time_limit_s, recompute=recompute)

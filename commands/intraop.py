@@ -1,9 +1,13 @@
-"""`sim search --method intraop|alpa|megatron`: intra-operator sharding search (issue 17).
+"""`sim search --method intraop|alpa|megatron|intraop-pp`: intra-operator sharding search
+(issue 17).
 
 Runs `api.intraop`, prints a readable summary — which blocks, which
 strategy and layouts, which collectives and what they cost alone — and the engine's figures
-(or one JSON object with `--json`). With `--out DIR` it writes the plan as JSON (a strategy and
-input/output specs per op), the summary and the engine's timeline (HTML). A memory limit no
+(or one JSON object with `--json`). "intraop-pp" (pipeline stages around per-stage CFP,
+search/intraop/pipeline.py) prints its grid of (pp, micro-batches) as the engine scored it
+and, per stage of the best plan, its layers, GPUs and the strategies of its weighted ops.
+With `--out DIR` it writes the plan as JSON (a strategy and input/output specs per op; per
+stage for intraop-pp), the summary and the engine's timeline (HTML). A memory limit no
 plan meets is one line naming the smallest limit any plan meets, exit 3.
 """
 
@@ -17,10 +21,11 @@ from rich.table import Table
 
 from trainsim import api
 from trainsim.commands.output import check_out_dir, dumps
+from trainsim.search.intraop.pipeline import PipelineResult
 from trainsim.search.intraop.planner import IntraopMemoryError, IntraopResult
 from trainsim.simulator.timeline_plot import write_timeline_html
 
-INTRAOP_METHODS = ("intraop", "alpa", "megatron")
+INTRAOP_METHODS = ("intraop", "alpa", "megatron", "intraop-pp")
 OUTPUT_FILES = ("intraop_plan.json", "intraop_summary.txt", "intraop_timeline.html")
 EXIT_NO_FIT = 3
 
@@ -37,11 +42,13 @@ def intraop_search(*, method: str, model: str, cluster: str, global_batch: int,
     except IntraopMemoryError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_NO_FIT) from None
-    text = summary_text(result)
+    text = summary_text(result) if isinstance(result, IntraopResult) else pipeline_text(result)
     if as_json:
         typer.echo(dumps(result.to_dict(), sort_keys=True))
-    else:
+    elif isinstance(result, IntraopResult):
         _print(result)
+    else:
+        typer.echo(text, nl=False)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / OUTPUT_FILES[0]).write_text(dumps(result.to_dict(), sort_keys=True) + "\n")
@@ -71,6 +78,35 @@ def summary_text(r: IntraopResult) -> str:
         lines.append(f"{row['layer']} ×{row['repeats']}  {' + '.join(row['ops'])}  "
                      f"{row['strategy']}  {row['input']} -> {row['output']}  "
                      f"{row['comm_ms']:.3f} ms  {'; '.join(row['collectives']) or '-'}")
+    return "\n".join(lines) + "\n"
+
+
+def pipeline_text(r: PipelineResult) -> str:
+    """The pipelined plan as plain text: headline, the grid, then per stage its layers, GPUs
+    and its sharding summary."""
+    lines = [(f"{r.method}: {r.model} on mesh {r.mesh.describe()}, batch {r.global_batch}: "
+             f"pp {r.pp} × {r.micro_batches} micro-batches (1F1B): {r.samples_per_s:.2f} "
+             f"samples/s (iteration {r.iteration_time_s * 1e3:.1f} ms on the engine), "
+             f"{r.memory_bytes / 1e9:.2f} GB/GPU; search {r.search_s:.2f} s, "
+             f"{r.oracle_evaluations} Oracle evaluations"),
+             "grid (pp × micro-batches: iteration ms, GB/GPU):"]
+    for c in r.candidates:
+        t = f"{c.iteration_time_s * 1e3:.1f} ms" if c.iteration_time_s is not None \
+            else "does not fit"
+        lines.append(f"  pp {c.pp} × {c.micro_batches}: {t}, {c.memory_bytes / 1e9:.2f} GB")
+    for st in r.stages:
+        names = st.graph.layer_names
+        lines.append(f"stage {st.index}: layers {st.layers.start}-{st.layers.stop - 1} "
+                     f"({names[-1] if st.index else names[0]} …), GPUs "
+                     f"{st.ranks[0]}-{st.ranks[-1]} as mesh {st.plan.mesh.describe()}, "
+                     f"{st.in_flight} micro-batch(es) in flight, "
+                     f"{st.memory_bytes() / 1e9:.2f} GB/GPU")
+        counts: dict[str, int] = {}
+        for n, s in zip(st.graph.nodes, st.plan.strategies, strict=True):
+            if n.op.params > 0:
+                key = f"{n.op.name}: {s.name}"
+                counts[key] = counts.get(key, 0) + 1
+        lines += [f"  {k} ×{v}" for k, v in counts.items()]
     return "\n".join(lines) + "\n"
 
 

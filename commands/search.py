@@ -29,7 +29,8 @@ from trainsim.workloads.plan import ParallelPlan
 _METHOD = typer.Option("grid", "--method", help="grid (Megatron-LM uniform), aceso, or for "
                        "clusters of several GPU types hetero (ours), fasop (FASOP's search "
                        "on our Oracle) or uniform (Megatron-LM, nodes as written); intra-op "
-                       "sharding: intraop (CFP), alpa (ILP) or megatron (hand TP).")
+                       "sharding: intraop (CFP), intraop-pp (CFP per pipeline stage), alpa "
+                       "(ILP) or megatron (hand TP).")
 _MODEL = typer.Option(..., "--model", help="Zoo model name or model file.")
 _CLUSTER = typer.Option(..., "--cluster", help="Cluster spec, e.g. 4xV100-PCIe-32GB.")
 _BATCH = typer.Option(..., "--global-batch", help="Samples per iteration.")

@@ -14,4 +14,8 @@ and hand the plan to the same Oracle — the whole iteration lowered to a Progra
 * `planner.py`  the entry, `run_intraop(model, cluster, method="intraop" | "alpa" |
                 "megatron")`, and what CFP does beyond the paper (gradient-overlap re-solve,
                 engine polish of segment boundaries, per-block recompute).
+* `pipeline.py` beyond CFP: pipeline stages (each a sub-mesh running CFP's plan for its
+                layers) and micro-batches under 1F1B, lowered into one Program, the grid
+                of (pp, micro-batches) searched on the engine (`run_intraop_pp`, method
+                "intraop-pp").
 """

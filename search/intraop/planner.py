@@ -7,7 +7,8 @@ Whatever found it, the plan is lowered whole (program.py) and scored by the numb
 figures reported are the engine's, never a planner's own estimate.
 
 One iteration is one batch of `global_batch` samples sharded SPMD over the mesh (no pipeline
-stages, no gradient accumulation: CFP and Alpa's intra-op pass search one mesh's sharding).
+stages, no gradient accumulation: CFP and Alpa's intra-op pass search one mesh's sharding);
+pipeline.py ("intraop-pp") adds stages and micro-batches around this planner.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ GB = 1e9
 
 class IntraopMemoryError(PlanError):
     """No sharding plan fits the memory limit (the CLI exits 3)."""
+
+    def __init__(self, message: str, least_bytes: float | None = None) -> None:
+        super().__init__(message)
+        self.least_bytes = least_bytes
+        """The least memory per GPU any plan needs, where known."""
 
 
 @dataclass(slots=True)
@@ -155,7 +161,7 @@ def least_memory_bytes(problem: Problem) -> float:
 def _no_fit(limit: float, least: float) -> IntraopMemoryError:
     return IntraopMemoryError(
         f"no sharding plan fits in {limit / GB:.2f} GB per GPU; the smallest limit any plan "
-        f"meets is {least / GB:.2f} GB")
+        f"meets is {least / GB:.2f} GB", least_bytes=least)
 
 
 POLISH_MAX_RUNS = 48
