@@ -101,6 +101,14 @@ def simulate_command(
         None, "--overlap-grad-reduce/--no-overlap-grad-reduce",
         help="Reduce gradient buckets behind the backward (DDP/FSDP default, Megatron's "
              "--overlap-grad-reduce) or after it [default: the plan's, on]."),
+    reshard_after_forward: bool | None = typer.Option(
+        None, "--reshard-after-forward/--no-reshard-after-forward",
+        help="ZeRO-3/FSDP: free gathered parameters after each pass (default) or keep them, "
+             "and the unsharded gradients, for the whole step (torchtitan with --pp > 1)."),
+    tp_comm_overlap: bool | None = typer.Option(
+        None, "--tp-comm-overlap/--no-tp-comm-overlap",
+        help="Run tensor-parallel collectives behind compute (Megatron's --tp-comm-overlap, "
+             "torchtitan's AsyncTP) instead of between the GEMMs [default: off]."),
     calibration: Path | None = typer.Option(None, "--calibration", help="Calibration file "
                                             "from `sim calibrate`: its fitted coefficients "
                                             "replace the catalog's (roofline runs)."),
@@ -136,7 +144,9 @@ def simulate_command(
              "global_batch": global_batch, "seq_len": seq_len, "schedule": schedule,
              "virtual_stages": virtual_stages, "zero": zero, "freq_mhz": freq_mhz,
              "recompute": recompute, "dp_batch_split": _split(dp_batch_split),
-             "overlap_grad_reduce": overlap_grad_reduce, "dtype": dtype}
+             "overlap_grad_reduce": overlap_grad_reduce, "tp_comm_overlap": tp_comm_overlap,
+             "reshard_after_forward": reshard_after_forward,
+             "dtype": dtype}
     if saved is not None:
         _print_overrides(saved, model, cluster, given)
     if calibration is not None and profile is not None:

@@ -12,7 +12,7 @@ the catalog, a dtype against the GPU's and the plan's checks, `cp` against Paral
 fields, so features others add are picked up without a change here.
 
 Settings the schema has no column for but a row's name or notes state -- torch.compile, an
-interleaved schedule -- are read from them ("as above" taken as the previous row of the same
+interleaved schedule, AsyncTP -- are read from them ("as above" taken as the previous row of the same
 source), and each reading is listed with the row's assumptions.
 """
 
@@ -250,6 +250,16 @@ def _micro_batch_size(run: PublishedRun, framework: str, pp: int, notes: list[st
     return given
 
 
+def _async_tp(run: PublishedRun, tp: int, notes: list[str]) -> bool:
+    """Whether the row overlaps its tensor-parallel collectives with compute (its notes name
+    AsyncTP or TP communication overlap; the schema has no column for it)."""
+    text = f"{run.name} {run.cells.get('notes', '')}".lower()
+    said = tp > 1 and ("asynctp" in text or "tp comm overlap" in text)
+    if said:
+        notes.append("AsyncTP named: tensor-parallel collectives overlapped")
+    return said
+
+
 def _compiled(run: PublishedRun, framework: str, notes: list[str]) -> str:
     """The framework's torch.compile profile ("<name>-compile") where the row's name or notes
     say the run was compiled (the schema has no compile column), else `framework`."""
@@ -328,6 +338,9 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
                              int(bool(get_framework(framework).distributed_optimizer.value)),
                              notes)),
         "schedule": "interleaved" if virtual > 1 else "1f1b", "virtual_stages": virtual,
+        "tp_comm_overlap": _async_tp(run, tp, notes),
+        # torchtitan keeps FSDP's gathered parameters over a pipelined step (no reshard)
+        "reshard_after_forward": pp == 1 or bool(get_framework(framework).reshard_with_pp.value),
     }
     if "cp" in plan_fields:
         fields["cp"] = cp

@@ -38,7 +38,7 @@ DEFAULT_FRAMEWORK = "default"
 PROFILE_FIELDS = ("description", "attention", "fusions", "sequence_parallel",
                   "pipeline_microbatches", "selective_recompute", "loss_workspace",
                   "interleaved_virtual_stages", "unfused_traffic", "fp8_recipe",
-                  "distributed_optimizer")
+                  "distributed_optimizer", "reshard_with_pp")
 """Keys a profile in frameworks.yaml may have."""
 FUSIONS = ("masked_softmax", "bias_gelu", "bias_dropout_add", "layernorm")
 """Fused kernels a profile may record (Megatron-LM's --no-*-fusion flags and fused layernorm)."""
@@ -66,6 +66,10 @@ class FrameworkProfile:
         value=False, source="assumed: off unless the profile says otherwise"))
     """Whether the stack shards the norms' and dropouts' activations over the tensor-parallel
     group (Korthikanti et al. 2022) by default when tp > 1 (`ParallelPlan.sp`)."""
+    reshard_with_pp: Sourced = field(default_factory=lambda: Sourced(
+        value=True, source="assumed: FSDP's default, reshard after every forward"))
+    """Whether FSDP / ZeRO-3 frees gathered parameters after each forward when the run is
+    also pipeline-parallel (`ParallelPlan.reshard_after_forward`)."""
     distributed_optimizer: Sourced = field(default_factory=lambda: Sourced(
         value=False, source="assumed: off unless the profile says otherwise"))
     """Whether the stack shards optimizer state over data-parallel ranks by default (Megatron's
@@ -176,6 +180,9 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
                if "selective_recompute" in raw else {}),
             **({"loss_workspace": _workspace(f"{at}.loss_workspace", raw["loss_workspace"])}
                if "loss_workspace" in raw else {}),
+            **({"reshard_with_pp": _sourced(f"{at}.reshard_with_pp", raw["reshard_with_pp"],
+                                            bool)}
+               if "reshard_with_pp" in raw else {}),
             **({"distributed_optimizer": _sourced(f"{at}.distributed_optimizer",
                                                   raw["distributed_optimizer"], bool)}
                if "distributed_optimizer" in raw else {}),

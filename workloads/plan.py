@@ -184,6 +184,16 @@ class ParallelPlan:
     rest of the backward (PyTorch DDP's and FSDP's default; Megatron-LM's
     --overlap-grad-reduce). False: one reduction of all gradients after the backward ends, on
     the critical path (Megatron-LM's default without that flag)."""
+    reshard_after_forward: bool = True
+    """ZeRO-3 / FSDP: free the gathered parameters after each pass and gather them again for
+    the next (True, FSDP's default), or keep the stage's gathered parameters -- and, over a
+    step's micro-batches, its unsharded gradients -- until the step ends (False: torchtitan's
+    default with pipeline parallelism, one gather per step instead of one per micro-batch)."""
+    tp_comm_overlap: bool = False
+    """Whether tensor-parallel collectives run behind compute (Megatron-LM's --tp-comm-overlap,
+    torchtitan's AsyncTP: GEMMs decomposed so the all-gather / reduce-scatter hide behind
+    them). False (every stack's default): they run in the compute stream's order, on the
+    critical path, as a synchronous NCCL call between GEMMs does."""
     freq_mhz: float | None = None
     """One SM frequency for every GPU; the GPU's maximum when None."""
     stage_freq_mhz: tuple[float, ...] | None = None
@@ -259,7 +269,7 @@ class ParallelPlan:
                 _int(f"dp_batch_split[{i}]", v, f"a positive integer (samples of data-parallel "
                                                 f"replica {i})")
                 for i, v in enumerate(_items("dp_batch_split", self.dp_batch_split, what))))
-        for flag in ("sp", "overlap_grad_reduce"):
+        for flag in ("sp", "overlap_grad_reduce", "tp_comm_overlap", "reshard_after_forward"):
             if not isinstance(getattr(self, flag), bool):
                 raise PlanError(f"plan.{flag}={getattr(self, flag)!r} must be true or false")
         put("schedule", normalise_schedule(_text(
@@ -786,13 +796,16 @@ class ParallelPlan:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict holding every field (round-trips through `from_dict`); an unset
         `dp_batch_split` (the even split), an unset `node_order` and the default
-        `overlap_grad_reduce` are left out, so plans without them print as before."""
+        `overlap_grad_reduce`, `tp_comm_overlap` and `reshard_after_forward` are left out, so
+        plans without them print as before."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if (f.name in ("dp_batch_split", "node_order", "replica_micro_batches")
                     and value is None) or (f.name == "cp" and value == 1) or \
-                    (f.name == "overlap_grad_reduce" and value):
+                    (f.name == "overlap_grad_reduce" and value) or \
+                    (f.name == "tp_comm_overlap" and not value) or \
+                    (f.name == "reshard_after_forward" and value):
                 continue
             if f.name == "micro_batches" and value is not None:
                 value = [m.to_dict() for m in value]

@@ -277,3 +277,21 @@ def test_as_above_notes_inherit_the_previous_rows_setup(tmp_path: Path) -> None:
     expressed = pr.express(runs[1])
     assert isinstance(expressed, pr.Expressed)
     assert "torch.compile named: profile torchtitan-compile" in expressed.assumptions
+
+
+def test_async_tp_rows_overlap_their_tensor_parallel_collectives() -> None:
+    asynctp = pr.express(run_of(tp="2", dp="1", notes="Table 4 + AsyncTP (TP comm overlapped)"))
+    assert isinstance(asynctp, pr.Expressed) and asynctp.plan.tp_comm_overlap
+    assert "AsyncTP named: tensor-parallel collectives overlapped" in asynctp.assumptions
+    plain = pr.express(run_of(tp="2", dp="1"))
+    assert isinstance(plain, pr.Expressed) and not plain.plan.tp_comm_overlap
+
+
+def test_torchtitan_keeps_fsdp_parameters_gathered_when_pipelining() -> None:
+    piped = pr.express(run_of(framework="torchtitan", pp="2", dp="1", micro_batch="8",
+                              global_batch="8", zero="3"))
+    assert isinstance(piped, pr.Expressed) and piped.plan.reshard_after_forward is False
+    flat = pr.express(run_of(framework="torchtitan", zero="3"))
+    assert isinstance(flat, pr.Expressed) and flat.plan.reshard_after_forward is True
+    nemo = pr.express(run_of(framework="nemo", pp="2", dp="1", layers="4", zero="3"))
+    assert isinstance(nemo, pr.Expressed) and nemo.plan.reshard_after_forward is True

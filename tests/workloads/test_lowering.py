@@ -219,11 +219,33 @@ def test_per_stage_tensor_parallel_degree() -> None:
     tensor-parallel collectives), stage 1 pure data parallelism."""
     _, _, program, _result = _lower("gpt3-1.3b", "8xA100-SXM4-80GB", tp=2, dp=2, pp=2,
                                    stage_tp=(4, 1), num_micro_batches=2, seq_len=512)
-    tp_stages = {t.stage for t in program.tasks if t.stream == "tp"}
+    tp_stages = {t.stage for t in program.tasks if t.name.startswith("tp.")}
     assert tp_stages == {0}
     f0 = next(t for t in program.tasks if t.name == "s0.F0").duration_s
     f1 = next(t for t in program.tasks if t.name == "s1.F0").duration_s
     assert f0 < f1
+
+
+def test_tensor_parallel_collectives_are_on_the_critical_path_unless_overlapped() -> None:
+    """A synchronous TP all-reduce sits between the GEMMs whose result it carries: the next
+    compute on that GPU waits for it (compute stream). --tp-comm-overlap (AsyncTP) puts the
+    collectives on their own stream, behind compute, and the step is never slower."""
+    kw = {"tp": 4, "dp": 1, "pp": 2, "num_micro_batches": 4, "seq_len": 512}
+    _, _, sync_prog, sync = _lower("gpt3-1.3b", "8xA100-SXM4-80GB", **kw)
+    _, _, async_prog, overlapped = _lower("gpt3-1.3b", "8xA100-SXM4-80GB",
+                                         tp_comm_overlap=True, **kw)
+    assert {t.stream for t in sync_prog.tasks if t.name.startswith("tp.")} == {"compute"}
+    assert {t.stream for t in async_prog.tasks if t.name.startswith("tp.")} == {"tp"}
+    assert overlapped.iteration_time_s <= sync.iteration_time_s
+    # on the compute stream, no compute task of a GPU runs while its TP collective does
+    tasks = sync.tasks
+    for rank, rows in tasks.groupby("rank"):
+        comm = rows[rows["name"].str.startswith("tp.")]
+        work = rows[~rows["name"].str.startswith("tp.") & (rows["stream"] == "compute")]
+        for _, c in comm.iterrows():
+            inside = work[(work["start_s"] < c["end_s"] - 1e-12) &
+                          (work["end_s"] > c["start_s"] + 1e-12)]
+            assert inside.empty, (rank, c["name"])
 
 
 def test_instruction_frequency_slows_that_instruction() -> None:
@@ -301,7 +323,7 @@ def test_per_op_tp_collectives_run_over_their_own_groups() -> None:
     run over the stage's 4 GPUs and over its groups of 2 consecutive GPUs (0,1) and (2,3):
     each collective spans exactly the group its op's degree says (CommNeed.group_size)."""
     *_, program, _result = _op_tp_lowered(fold=False)
-    groups = {t.ranks for t in program.tasks if t.stream == "tp"}
+    groups = {t.ranks for t in program.tasks if t.name.startswith("tp.")}
     assert groups == {(0, 1, 2, 3), (0, 1), (2, 3)}
 
 

@@ -62,3 +62,34 @@ def test_overlap_flag_is_a_plan_field() -> None:
     assert ParallelPlan.from_dict(off.to_dict()) == off
     with pytest.raises(PlanError, match="plan.overlap_grad_reduce"):
         ParallelPlan.from_dict({"overlap_grad_reduce": "yes"})
+
+
+def test_fsdp_without_resharding_gathers_once_per_step_and_keeps_it() -> None:
+    """reshard_after_forward=False (torchtitan with pipeline parallelism): each stage gathers
+    its parameters once, by its first forward, instead of before every pass, and holds them
+    with the gradients they accumulate unsharded: static memory grows by exactly
+    params x (2 (dp-1)/dp + 2) bytes."""
+    from trainsim.workloads.lowering import lower
+
+    model, cluster = api.load_model("gpt3-350m"), api.load_cluster("2x4xA100-SXM4-80GB")
+    fields = {"dp": 4, "pp": 2, "zero": 3, "global_batch": 32, "micro_batch_size": 2,
+              "seq_len": 512, "dtype": "bf16"}
+    progs = {}
+    for reshard in (True, False):
+        plan = ParallelPlan.build(model, cluster, reshard_after_forward=reshard, **fields)
+        progs[reshard] = lower(model, cluster, plan)
+    def gathers(prog):
+        return [t for t in prog.tasks if ".gather" in t.name and not t.name.endswith(".rest")]
+    kept, per_pass = gathers(progs[False]), gathers(progs[True])
+    micro = 32 // (4 * 2)
+    assert len({(t.stage, t.name.split(".")[1]) for t in kept}) == 2  # one per stage, F only
+    assert all(".F" in t.name.split(".")[1] or "F" in t.name.split(".")[1] for t in kept)
+    assert len(per_pass) > len(kept) * micro  # every forward and backward gathered before
+    layout_params = [progs[False].static_memory_bytes[r] - progs[True].static_memory_bytes[r]
+                     for r in range(progs[False].num_ranks)]
+    assert all(x > 0 for x in layout_params)
+    plan = ParallelPlan.build(model, cluster, reshard_after_forward=False, **fields)
+    assert "reshard_after_forward" in plan.to_dict()
+    assert "reshard_after_forward" not in ParallelPlan.build(model, cluster, **fields).to_dict()
+    with pytest.raises(PlanError, match="reshard_after_forward"):
+        ParallelPlan.build(model, cluster, reshard_after_forward="no", **fields)

@@ -41,8 +41,16 @@ class GradientSync:
         self.comm = comm
         self.b = builder
         self.compute_stream = compute_stream
+        self._gathered: set[int] = set()
+        """(Virtual) stages whose parameters this step has gathered (`keeps_gathered`)."""
         self.dp_tail: dict[int, list[int]] = {r: [] for r in range(layout.num_ranks)}
         """Program rank -> its gradient-reduction tasks (the optimizer step waits for them)."""
+
+    def keeps_gathered(self) -> bool:
+        """ZeRO-3 without resharding after the forward (`ParallelPlan.reshard_after_forward`):
+        the stage's parameters are gathered once per step and stay, counted in static memory
+        (lower.py), with the unsharded gradients they accumulate."""
+        return self.plan.zero >= 3 and not self.plan.reshard_after_forward
 
     def zero3_bytes(self, phys: int, c: InstructionCosts) -> float:
         """Gathered-parameter bytes a rank holds during a ZeRO-3 pass.
@@ -50,8 +58,11 @@ class GradientSync:
         The whole stage's parameters cross the network, but ZeRO-3 gathers them module by module
         and frees each after use, prefetching the next (Rajbhandari et al. 2020, §5.3; DeepSpeed's
         prefetch bucket): at most about two layers' gathered weights are resident at once, never
-        more than the stage's. The shard a rank owns is already in its static memory.
+        more than the stage's. The shard a rank owns is already in its static memory; so are
+        parameters kept gathered for the whole step (`keeps_gathered`), hence 0 then.
         """
+        if self.keeps_gathered():
+            return 0.0
         dp = self.plan.dp_of_stage(phys)
         weight_bytes = optimizer_bytes_per_param(self.plan.dtype)[0]
         stage_bytes = c.params * weight_bytes
@@ -78,6 +89,10 @@ class GradientSync:
         if plan.zero < 3 or a.kind == "W" or plan.dp_of_stage(phys) < 2 \
                 or not self.opt.communication:
             return None
+        if self.keeps_gathered():
+            if a.kind != "F" or a.stage in self._gathered:
+                return None  # gathered once per step, by each (virtual) stage's first forward
+            self._gathered.add(a.stage)
         weight_bytes = optimizer_bytes_per_param(plan.dtype)[0]
         size = c.params * weight_bytes
         head = min(size, layout.largest_layer_params(phys) * weight_bytes)

@@ -606,6 +606,12 @@ class _Lowering:
                       ep_needs=ep_needs if self.plan.ep >= 2 else (),
                       send=self._send_plan(a, unit_ids, group))
 
+    def _tp_stream(self) -> int:
+        """The stream tensor-parallel collectives run on: the compute stream -- they sit
+        between the GEMMs whose results they carry, so the next compute waits for them --
+        unless the plan overlaps them (`ParallelPlan.tp_comm_overlap`)."""
+        return self.b.stream("tp") if self.plan.tp_comm_overlap else self.compute_stream
+
     def _tp_plan(self, needs: tuple[CommNeed, ...], s: int, prog: tuple[int, ...],
                  group: tuple[int, ...], name: str, unit: int) -> PlannedComm | None:
         """The tensor-parallel collectives of one instruction on one unit, right after its
@@ -627,7 +633,7 @@ class _Lowering:
             copies, key = [group], ("tp1", group)
         return PlannedComm(template=self.comm.template(pairs, copies, key),
                      name=b.name_template("tp." + name), kind=b.kind(kind_of(pairs)),
-                     stream=b.stream("tp"), prog_ranks=prog)
+                     stream=self._tp_stream(), prog_ranks=prog)
 
     def _op_tp_tasks(self, part: _Part, s: int, prog: tuple[int, ...], ids: list[int],
                      j: int, meta: Meta) -> list[int]:
@@ -651,7 +657,7 @@ class _Lowering:
         runs = list(by_size.items())
         b = self.b
         kind = b.kind(kind_of([(n.collective, n.size_bytes) for n in needs]))
-        stream = b.stream("tp")
+        stream = self._tp_stream()
         if self.fold:
             prev = ids
             for t, pairs in runs:
@@ -746,6 +752,11 @@ class _Lowering:
             dp = plan.dp_of_stage(s)
             per_param = (w / (dp if plan.zero >= 3 else 1) + g / (dp if plan.zero >= 2 else 1)
                          + o / (dp if plan.zero >= 1 else 1))
+            if self.sync.keeps_gathered() and dp > 1:
+                # the gathered weights, and over several micro-batches the gradients they
+                # accumulate unsharded until the step's last backward reduce-scatters them
+                per_param += w * (dp - 1) / dp + (g if (plan.num_micro_batches or 1) > 1
+                                                  else 0.0)
             gpu = cluster.gpu(layout.represents[p][0])
             static.append(params * per_param)
             capacity.append(float(gpu.memory_bytes))
