@@ -67,7 +67,8 @@ from trainsim.simulator.task_table import TaskTable
 #: Streams drawn first, in this order, by the exporters; other names follow alphabetically.
 CONVENTIONAL_STREAMS: tuple[str, ...] = ("compute", "tp", "pp", "dp")
 
-#: Task kinds used by the built-in lowering. Any other non-empty name is allowed too.
+#: Task kinds used by the built-in lowering ("wait": a zero-length task that holds its stream
+#: until its deps end). Any other non-empty name is allowed too.
 KNOWN_KINDS: tuple[str, ...] = (
     "forward",
     "backward",
@@ -80,6 +81,7 @@ KNOWN_KINDS: tuple[str, ...] = (
     "all_gather",
     "reduce_scatter",
     "all_to_all",
+    "wait",
 )
 
 

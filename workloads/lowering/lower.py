@@ -40,6 +40,7 @@ the order the cluster was written in.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -527,6 +528,8 @@ class _Lowering:
             else:
                 tp = m.tp[i]
                 last[u] = (emit(tp, ids, j, meta)[-1:] or ids) if tp is not None else ids
+            if last[u] is not ids and last[u] != ids:
+                self._hold_compute(prog, last[u], k, a.kind, j, meta)
         if blk.ep_needs:
             last = self._ep_tasks(blk.ep_needs, phys, f"s{k}.{a.kind}%d", j, last, meta)
         if gathered is not None:  # the layers gathered behind the compute end the pass too
@@ -606,11 +609,20 @@ class _Lowering:
                       ep_needs=ep_needs if self.plan.ep >= 2 else (),
                       send=self._send_plan(a, unit_ids, group))
 
-    def _tp_stream(self) -> int:
-        """The stream tensor-parallel collectives run on: the compute stream -- they sit
-        between the GEMMs whose results they carry, so the next compute waits for them --
-        unless the plan overlaps them (`ParallelPlan.tp_comm_overlap`)."""
-        return self.b.stream("tp") if self.plan.tp_comm_overlap else self.compute_stream
+    def _hold_compute(self, prog: tuple[int, ...], tail: list[int], k: int, kind: str,
+                      j: int, meta: Meta) -> None:
+        """Keep each rank's compute stream from running past this instruction's tensor-parallel
+        collectives (`tail`): they sit between the GEMMs whose results they carry, so a
+        synchronous stack computes nothing else meanwhile. A zero-length "wait" task on the
+        compute stream, after the collectives, does it; the plan's `tp_comm_overlap` (AsyncTP,
+        --tp-comm-overlap) lets them run behind the next compute instead."""
+        if self.plan.tp_comm_overlap or not tail:
+            return
+        b = self.b
+        name, code = b.name_template(f"s{k}.{kind}%d.tp_wait"), b.kind("wait")
+        ids = [b.add(name, j, code, self.compute_stream, (p,), 0.0, 0.0, (), tuple(tail),
+                     0.0, 0.0, 0.0, math.nan, j, k, meta[2], meta[3]) for p in prog]
+        self._note_compute(prog, ids)
 
     def _tp_plan(self, needs: tuple[CommNeed, ...], s: int, prog: tuple[int, ...],
                  group: tuple[int, ...], name: str, unit: int) -> PlannedComm | None:
@@ -633,7 +645,7 @@ class _Lowering:
             copies, key = [group], ("tp1", group)
         return PlannedComm(template=self.comm.template(pairs, copies, key),
                      name=b.name_template("tp." + name), kind=b.kind(kind_of(pairs)),
-                     stream=self._tp_stream(), prog_ranks=prog)
+                     stream=b.stream("tp"), prog_ranks=prog)
 
     def _op_tp_tasks(self, part: _Part, s: int, prog: tuple[int, ...], ids: list[int],
                      j: int, meta: Meta) -> list[int]:
@@ -657,7 +669,7 @@ class _Lowering:
         runs = list(by_size.items())
         b = self.b
         kind = b.kind(kind_of([(n.collective, n.size_bytes) for n in needs]))
-        stream = self._tp_stream()
+        stream = b.stream("tp")
         if self.fold:
             prev = ids
             for t, pairs in runs:
