@@ -56,3 +56,19 @@ def test_wheel_contains_only_trainsim(tmp_path: Path, repo_root: Path) -> None:
     assert "trainsim/hwmodels/data/gpus.json" in names
     assert "trainsim/workloads/data/models.yaml" in names
     assert not any(n.startswith(("trainsim/tests/", "trainsim/bench/")) for n in names)
+
+
+def test_every_package_folder_is_in_the_wheel_list(repo_root: Path) -> None:
+    """A new subpackage (a folder with __init__.py) missing from pyproject's `packages` would
+    be left out of a non-editable install, and importing it would fail there only."""
+    import tomllib
+
+    listed = set(tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"][
+        "setuptools"]["packages"])
+    skip = {"tests", "bench", "traces", "build", "dist"}
+    found = {"trainsim." + ".".join(p.parent.relative_to(repo_root).parts)
+             for p in repo_root.rglob("__init__.py")
+             if p.parent != repo_root and not set(p.relative_to(repo_root).parts) & skip
+             and not any(part.startswith(".") or part.endswith(".egg-info")
+                         for part in p.relative_to(repo_root).parts)}
+    assert found - listed == set()
