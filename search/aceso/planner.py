@@ -83,13 +83,13 @@ class AcesoPlanner:
     """Restarts from near-best plans after the seeds."""
     seeds: Sequence[int] | None = field(default=None)
     """Pipeline depths of the balanced seeds; powers of two up to min(GPUs, blocks) if None."""
-    prune: bool = False
+    prune: bool = True
     """Skip evaluating a last-hop move whose compute-only lower bound (search/bound.py) shows
     it cannot beat the plan the search is improving on: such a move is never searched from and
     never the improvement a step takes, so every climb takes the same steps with fewer
-    evaluations. Off by default: the skipped plans are missing from the log and the
-    lower-ranked results, and a restart (which starts from the best unused plan in the log)
-    may then start elsewhere."""
+    evaluations (GPT-3 1.3B on 4 V100: 149 instead of 251, the same best plan). The skipped
+    plans are missing from the log and the lower-ranked results, and a restart (which starts
+    from the best unused plan in the log) may then start elsewhere; False evaluates them."""
     per_op_tp: bool = True
     """Also try per-op tensor-parallel degrees (Aceso's op-level tp over the model's
     `op_groups`, heaviest first; `moves.moves` places them after the stage's own tp)."""
