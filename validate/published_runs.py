@@ -82,6 +82,12 @@ class PublishedRun:
         return self.cells["name"]
 
     @property
+    def said(self) -> str:
+        """Name and notes in lower case: where a row states what the schema has no column for
+        (torch.compile, an interleaved schedule, AsyncTP)."""
+        return f"{self.name} {self.cells.get('notes', '')}".lower()
+
+    @property
     def ref_kind(self) -> str:
         return self.cells["ref_kind"]
 
@@ -253,8 +259,7 @@ def _micro_batch_size(run: PublishedRun, framework: str, pp: int, notes: list[st
 def _async_tp(run: PublishedRun, tp: int, notes: list[str]) -> bool:
     """Whether the row overlaps its tensor-parallel collectives with compute (its notes name
     AsyncTP or TP communication overlap; the schema has no column for it)."""
-    text = f"{run.name} {run.cells.get('notes', '')}".lower()
-    said = tp > 1 and ("asynctp" in text or "tp comm overlap" in text)
+    said = tp > 1 and ("asynctp" in run.said or "tp comm overlap" in run.said)
     if said:
         notes.append("AsyncTP named: tensor-parallel collectives overlapped")
     return said
@@ -264,7 +269,7 @@ def _compiled(run: PublishedRun, framework: str, notes: list[str]) -> str:
     """The framework's torch.compile profile ("<name>-compile") where the row's name or notes
     say the run was compiled (the schema has no compile column), else `framework`."""
     variant = f"{framework}-compile"
-    said = "compile" in f"{run.name} {run.cells.get('notes', '')}".lower()
+    said = "compile" in run.said
     if said and not framework.endswith("-compile") and variant in list_frameworks():
         notes.append(f"torch.compile named: profile {variant}")
         return variant
@@ -275,7 +280,7 @@ def _default_virtual_stages(run: PublishedRun, framework: str, pp: int) -> int:
     """Model chunks per pipeline rank for a row that leaves them empty: the framework's
     default for interleaved schedules where the row names one (the schema has no schedule
     column; the run's name or notes say "interleaved"), else 1."""
-    named = "interleaved" in f"{run.name} {run.cells.get('notes', '')}".lower()
+    named = "interleaved" in run.said
     default = int(get_framework(framework).interleaved_virtual_stages.value)
     return default if pp > 1 and named and default > 1 else 1
 

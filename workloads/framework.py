@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -35,11 +35,7 @@ from trainsim.workloads.model import (
 _FILE = "data/frameworks.yaml"
 _WHERE = f"workloads/{_FILE}"
 DEFAULT_FRAMEWORK = "default"
-PROFILE_FIELDS = ("description", "attention", "fusions", "sequence_parallel",
-                  "pipeline_microbatches", "selective_recompute", "loss_workspace",
-                  "interleaved_virtual_stages", "unfused_traffic", "fp8_recipe",
-                  "distributed_optimizer", "reshard_with_pp")
-"""Keys a profile in frameworks.yaml may have."""
+
 FUSIONS = ("masked_softmax", "bias_gelu", "bias_dropout_add", "layernorm")
 """Fused kernels a profile may record (Megatron-LM's --no-*-fusion flags and fused layernorm)."""
 
@@ -137,6 +133,23 @@ def _traffic(where: str, raw: object) -> Sourced:
     return Sourced(value={str(k): float(v) for k, v in value.items()}, source=entry.source)
 
 
+_OPTIONAL: dict[str, Callable[[str, object], Sourced]] = {
+    "sequence_parallel": lambda where, raw: _sourced(where, raw, bool),
+    "pipeline_microbatches": lambda where, raw: _sourced(where, raw, ("given", "pp")),
+    "selective_recompute": lambda where, raw: _sourced(where, raw, SELECTIVE_POLICIES),
+    "loss_workspace": _workspace,
+    "reshard_with_pp": lambda where, raw: _sourced(where, raw, bool),
+    "distributed_optimizer": lambda where, raw: _sourced(where, raw, bool),
+    "fp8_recipe": lambda where, raw: _sourced(where, raw, FP8_RECIPES),
+    "unfused_traffic": _traffic,
+    "interleaved_virtual_stages": lambda where, raw: _sourced(where, raw, (2, 3, 4, 5, 6, 7, 8)),
+}
+"""The profile fields a profile may leave out (its dataclass default applies), each with the
+check of its value."""
+PROFILE_FIELDS = ("description", "attention", "fusions", *_OPTIONAL)
+"""Keys a profile in frameworks.yaml may have."""
+
+
 def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProfile]:
     """Validate a frameworks.yaml document; errors are one line naming the field."""
     if not isinstance(data, Mapping) or set(data) != {"profiles"}:
@@ -168,32 +181,8 @@ def parse_profiles(data: object, where: str = _WHERE) -> dict[str, FrameworkProf
             name=str(name).lower(), description=str(raw.get("description", "")),
             attention=_sourced(f"{at}.attention", raw["attention"], ATTENTION_KERNELS),
             fusions=MappingProxyType(fusions),
-            **({"sequence_parallel": _sourced(f"{at}.sequence_parallel",
-                                              raw["sequence_parallel"], bool)}
-               if "sequence_parallel" in raw else {}),
-            **({"pipeline_microbatches": _sourced(f"{at}.pipeline_microbatches",
-                                                  raw["pipeline_microbatches"],
-                                                  ("given", "pp"))}
-               if "pipeline_microbatches" in raw else {}),
-            **({"selective_recompute": _sourced(f"{at}.selective_recompute",
-                                                raw["selective_recompute"], SELECTIVE_POLICIES)}
-               if "selective_recompute" in raw else {}),
-            **({"loss_workspace": _workspace(f"{at}.loss_workspace", raw["loss_workspace"])}
-               if "loss_workspace" in raw else {}),
-            **({"reshard_with_pp": _sourced(f"{at}.reshard_with_pp", raw["reshard_with_pp"],
-                                            bool)}
-               if "reshard_with_pp" in raw else {}),
-            **({"distributed_optimizer": _sourced(f"{at}.distributed_optimizer",
-                                                  raw["distributed_optimizer"], bool)}
-               if "distributed_optimizer" in raw else {}),
-            **({"fp8_recipe": _sourced(f"{at}.fp8_recipe", raw["fp8_recipe"], FP8_RECIPES)}
-               if "fp8_recipe" in raw else {}),
-            **({"unfused_traffic": _traffic(f"{at}.unfused_traffic", raw["unfused_traffic"])}
-               if "unfused_traffic" in raw else {}),
-            **({"interleaved_virtual_stages": _sourced(
-                f"{at}.interleaved_virtual_stages", raw["interleaved_virtual_stages"],
-                (2, 3, 4, 5, 6, 7, 8))}
-               if "interleaved_virtual_stages" in raw else {}))
+            **{key: check(f"{at}.{key}", raw[key]) for key, check in _OPTIONAL.items()
+               if key in raw})
     if DEFAULT_FRAMEWORK not in out:
         raise DataFileError(f"{where}: profiles misses the '{DEFAULT_FRAMEWORK}' profile")
     return out

@@ -80,49 +80,37 @@ def solve_ilp(problem: Problem, memory_limit_bytes: float | None = None,
         c[offsets[b]:offsets[b] + len(t)] = t
     for e, off in zip(problem.edges, edge_off, strict=True):
         c[off:off + e.cost.size] = e.cost.ravel()
-    rows, cols, vals, lo, hi = [], [], [], [], []
-    r = 0
-    for b, t in enumerate(problem.time_s):  # one-hot
-        for k in range(len(t)):
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+
+    def add_row(entries: list[tuple[int, float]], low: float, high: float) -> None:
+        """One constraint low <= Σ val·x[col] <= high."""
+        r = len(lo)
+        for col, val in entries:
             rows.append(r)
-            cols.append(offsets[b] + k)
-            vals.append(1.0)
-        lo.append(1.0)
-        hi.append(1.0)
-        r += 1
+            cols.append(col)
+            vals.append(val)
+        lo.append(low)
+        hi.append(high)
+
+    for b, t in enumerate(problem.time_s):  # one-hot
+        add_row([(offsets[b] + k, 1.0) for k in range(len(t))], 1.0, 1.0)
     for e, off in zip(problem.edges, edge_off, strict=True):
         na, nb = e.cost.shape
         for a in range(na):  # Σ_b e[a, b] = s_u[a]
-            for bb in range(nb):
-                rows.append(r)
-                cols.append(off + a * nb + bb)
-                vals.append(1.0)
-            rows.append(r)
-            cols.append(offsets[e.src] + a)
-            vals.append(-1.0)
-            lo.append(0.0)
-            hi.append(0.0)
-            r += 1
+            add_row([(off + a * nb + bb, 1.0) for bb in range(nb)]
+                    + [(offsets[e.src] + a, -1.0)], 0.0, 0.0)
         for bb in range(nb):  # Σ_a e[a, b] = s_v[b]
-            for a in range(na):
-                rows.append(r)
-                cols.append(off + a * nb + bb)
-                vals.append(1.0)
-            rows.append(r)
-            cols.append(offsets[e.dst] + bb)
-            vals.append(-1.0)
-            lo.append(0.0)
-            hi.append(0.0)
-            r += 1
+            add_row([(off + a * nb + bb, 1.0) for a in range(na)]
+                    + [(offsets[e.dst] + bb, -1.0)], 0.0, 0.0)
     if memory_limit_bytes is not None:
-        for b, m in enumerate(problem.memory_bytes):
-            for k in range(len(m)):
-                rows.append(r)
-                cols.append(offsets[b] + k)
-                vals.append(float(m[k]) / 2**30)
-        lo.append(-np.inf)
-        hi.append(memory_limit_bytes / 2**30)
-        r += 1
+        add_row([(offsets[b] + k, float(m[k]) / 2**30)
+                 for b, m in enumerate(problem.memory_bytes) for k in range(len(m))],
+                -np.inf, memory_limit_bytes / 2**30)
+    r = len(lo)
     c *= US  # HiGHS stops at an absolute gap of 1e-6: in seconds that is a 1e-5 relative gap
     a_mat = coo_matrix((vals, (rows, cols)), shape=(r, n)).tocsr()
     integrality = np.zeros(n)

@@ -51,8 +51,8 @@ from trainsim.search.intraop.planner import (
     GB,
     IntraopMemoryError,
     IntraopResult,
-    _resolve,
     plan_from_choice,
+    resolve_inputs,
     run_intraop,
 )
 from trainsim.search.intraop.problem import Problem, build_problem
@@ -63,7 +63,7 @@ from trainsim.workloads.lowering.comm import CommLowering
 from trainsim.workloads.model import ModelSpec, build_graph
 from trainsim.workloads.ops import Op
 from trainsim.workloads.sharding.graph import Node, SpmdGraph, build_spmd_graph
-from trainsim.workloads.sharding.mesh import DeviceMesh, parse_mesh
+from trainsim.workloads.sharding.mesh import DeviceMesh
 from trainsim.workloads.sharding.plan import (
     ShardingPlan,
     edge_collectives,
@@ -606,15 +606,8 @@ def run_intraop_pp(model: str | ModelSpec, cluster: str | Cluster, *, global_bat
         SpecError: bad mesh, batch or model. IntraopMemoryError: no grid point fits (naming
             the smallest memory any of them needs).
     """
-    if global_batch < 1:
-        raise SpecError(f"--global-batch {global_batch} must be >= 1")
-    spec, cl = _resolve(model, cluster)
-    the_mesh = parse_mesh(mesh if mesh is not None else str(cl.num_gpus), cl.num_gpus)
-    dtype = dtype or spec.dtype
-    limit = memory_limit_gb * GB if memory_limit_gb is not None \
-        else float(cl.gpu(0).memory_bytes)
-    if limit <= 0:
-        raise SpecError(f"--memory-limit-gb {memory_limit_gb} must be > 0")
+    spec, cl, the_mesh, dtype, limit = resolve_inputs(model, cluster, global_batch, mesh,
+                                                      memory_limit_gb, dtype)
     start = time.perf_counter()
     search = _Search(spec, cl, the_mesh, global_batch, seq_len, dtype, limit)
     layers = len(search.graph(global_batch).layer_names)

@@ -138,6 +138,22 @@ def _resolve(model: str | ModelSpec, cluster: str | Cluster) -> tuple[ModelSpec,
     return spec, cl
 
 
+def resolve_inputs(model: str | ModelSpec, cluster: str | Cluster, global_batch: int,
+                   mesh: str | tuple[int, ...] | None, memory_limit_gb: float | None,
+                   dtype: str | None) -> tuple[ModelSpec, Cluster, DeviceMesh, str, float]:
+    """Model, cluster, mesh (default 1-D over every GPU), dtype and memory limit per GPU in
+    bytes (default the GPU's) of a search, checked: bad values are one-line SpecErrors."""
+    if global_batch < 1:
+        raise SpecError(f"--global-batch {global_batch} must be >= 1")
+    spec, cl = _resolve(model, cluster)
+    the_mesh = parse_mesh(mesh if mesh is not None else str(cl.num_gpus), cl.num_gpus)
+    limit = memory_limit_gb * GB if memory_limit_gb is not None \
+        else float(cl.gpu(0).memory_bytes)
+    if limit <= 0:
+        raise SpecError(f"--memory-limit-gb {memory_limit_gb} must be > 0")
+    return spec, cl, the_mesh, dtype or spec.dtype, limit
+
+
 def plan_from_choice(graph: SpmdGraph, mesh: DeviceMesh, blocks: list[Block],
                      choice: list[int], dtype: str) -> ShardingPlan:
     """The per-op plan of one option per block (a recomputing option makes its block a
@@ -271,15 +287,8 @@ def run_intraop(model: str | ModelSpec, cluster: str | Cluster, *, method: str =
     """
     if method not in METHODS:
         raise SpecError(f"intra-op method {method!r} is not one of {', '.join(METHODS)}")
-    if global_batch < 1:
-        raise SpecError(f"--global-batch {global_batch} must be >= 1")
-    spec, cl = _resolve(model, cluster)
-    the_mesh = parse_mesh(mesh if mesh is not None else str(cl.num_gpus), cl.num_gpus)
-    dtype = dtype or spec.dtype
-    limit = memory_limit_gb * GB if memory_limit_gb is not None \
-        else float(cl.gpu(0).memory_bytes)
-    if limit <= 0:
-        raise SpecError(f"--memory-limit-gb {memory_limit_gb} must be > 0")
+    spec, cl, the_mesh, dtype, limit = resolve_inputs(model, cluster, global_batch, mesh,
+                                                      memory_limit_gb, dtype)
     start = time.perf_counter()
     graph = build_spmd_graph(build_graph(spec, global_batch, seq_len), layers)
     blocks = build_blocks(graph, the_mesh)
