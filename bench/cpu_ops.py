@@ -34,16 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import socket
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from trainsim.validate.devices import prepare_workers
+from trainsim.validate.microbench_runs import provenance, reference_gemm_s, run_two_ranks
 
 CHAIN = 50
 """Ops in the autograd chain of the dispatch measurement."""
@@ -53,12 +50,6 @@ EVICT_BYTES = 128 * 2**20
 """Buffer written before a cold Adam step (4x the 32 MiB L3 of the CI machine kind)."""
 ADAM_CASES = [(10, 65536), (40, 16384), (160, 4096), (20, 131072), (80, 32768)]
 """(tensors, parameters per tensor) of the Adam measurements."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _median_time(fn: Any, barrier: Any, repeats: int, before: Any = None,
@@ -76,16 +67,6 @@ def _median_time(fn: Any, barrier: Any, repeats: int, before: Any = None,
     return min(out)
 
 
-def _reference_gemm_s(barrier: Any) -> float:
-    """Median seconds of the reference GEMM (validate/profiler.py's `FILLER_GEMM`, a @ b.T with
-    a [256, 256] and b [1024, 256]), every process at once: the machine's speed at this moment,
-    which `sim validate` compares with the trace's own (the host's speed drifts)."""
-    import torch
-
-    a, b = torch.randn(256, 256), torch.randn(1024, 256)
-    return _median_time(lambda: a @ b.t(), barrier, 20)
-
-
 def _worker(rank: int, port: int, repeats: int, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -94,7 +75,11 @@ def _worker(rank: int, port: int, repeats: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
     bar = dist.barrier
-    res: dict[str, Any] = {"reference_gemm_s": [_reference_gemm_s(bar)]}
+
+    def best_of(fn: Any) -> float:
+        return _median_time(fn, bar, 20)
+
+    res: dict[str, Any] = {"reference_gemm_s": [reference_gemm_s(best_of)]}
     x1, y1, z1 = torch.ones(1), torch.ones(1), torch.empty(1)
     res["dispatch_s"] = _median_time(lambda: torch.add(x1, y1, out=z1), bar, repeats,
                                      calls=200)
@@ -130,7 +115,7 @@ def _worker(rank: int, port: int, repeats: int, out_dir: str) -> None:
         adam.append({"tensors": tensors, "params_per_tensor": per, "cold_s": cold,
                      "warm_s": warm})
     res["adam"] = adam
-    res["reference_gemm_s"].append(_reference_gemm_s(bar))
+    res["reference_gemm_s"].append(reference_gemm_s(best_of))
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))
     dist.barrier()
     dist.destroy_process_group()
@@ -147,8 +132,6 @@ def fit_adam(points: list[dict[str, float]], key: str = "cold_s") -> tuple[float
 
 
 def main() -> None:
-    import torch.multiprocessing as mp
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--json", action="store_true")
@@ -156,9 +139,7 @@ def main() -> None:
     args = ap.parse_args()
     prepare_workers("cpu")  # the workers' glibc malloc settings of sim trace / sim profile
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(_free_port(), args.repeats, tmp), nprocs=2)
-        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = run_two_ranks(_worker, args.repeats)
 
     def mean(key: str) -> float:
         return (ranks[0][key] + ranks[1][key]) / 2
@@ -170,11 +151,7 @@ def main() -> None:
     w_tensor, w_param = fit_adam(adam, "warm_s")
     out = {"_about": "eager PyTorch op costs on this CPU, 2 processes x 1 thread at once "
                      "(bench/cpu_ops.py docstring)",
-           "command": ("python bench/cpu_ops.py " + " ".join(sys.argv[1:])).strip(),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "machine": {"cpu": platform.processor() or platform.machine(),
-                       "logical_cores": os.cpu_count(), "load_average_before": load_before,
-                       "load_average_after": os.getloadavg()[0]},
+           **provenance("bench/cpu_ops.py", load_before),
            "reference_gemm_s": statistics.mean(ranks[0]["reference_gemm_s"]
                                                + ranks[1]["reference_gemm_s"]),
            "dispatch_s": mean("dispatch_s"), "autograd_op_s": mean("autograd_op_s"),

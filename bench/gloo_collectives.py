@@ -28,26 +28,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import socket
 import statistics
-import sys
-import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from trainsim.validate.cpu_hardware import collective_steps_volume
 from trainsim.validate.devices import prepare_workers
+from trainsim.validate.microbench_runs import provenance, reference_gemm_s, run_two_ranks
+from trainsim.validate.profiler import FILLER_GEMM, ping_pong
 
 SIZES_BYTES = [4, 64, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216]
-FILLER_GEMM = (256, 1024, 256)
-"""The GEMM the after-compute loop runs before each all-reduce (validate/profiler.py's)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _time(fn: Any, barrier: Any, warmup: int, repeats: int) -> list[float]:
@@ -62,16 +54,6 @@ def _time(fn: Any, barrier: Any, warmup: int, repeats: int) -> list[float]:
     return out
 
 
-def _reference_gemm_s(barrier: Any) -> float:
-    """Median seconds of the reference GEMM (validate/profiler.py's `FILLER_GEMM`, a @ b.T with
-    a [256, 256] and b [1024, 256]), every process at once: the machine's speed at this moment,
-    which `sim validate` compares with the trace's own (the host's speed drifts)."""
-    import torch
-
-    a, b = torch.randn(256, 256), torch.randn(1024, 256)
-    return min(_time(lambda: a @ b.t(), barrier, 2, 20))
-
-
 def _worker(rank: int, port: int, warmup: int, repeats: int, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -81,18 +63,14 @@ def _worker(rank: int, port: int, warmup: int, repeats: int, out_dir: str) -> No
                             world_size=2)
     m, n, k = FILLER_GEMM
     a, b = torch.randn(m, k), torch.randn(n, k)
-    reference = [_reference_gemm_s(dist.barrier)]
+
+    def best_of(fn: Any) -> float:
+        return min(_time(fn, dist.barrier, 2, 20))
+
+    reference = [reference_gemm_s(best_of)]
     rows: list[dict[str, Any]] = []
     for size in SIZES_BYTES:
         x = torch.ones(max(1, size // 4))
-
-        def ping(x: Any = x) -> None:
-            if rank == 0:
-                dist.send(x, 1)
-                dist.recv(x, 1)
-            else:
-                dist.recv(x, 0)
-                dist.send(x, 0)
 
         def gemm() -> None:
             a @ b.t()
@@ -101,6 +79,7 @@ def _worker(rank: int, port: int, warmup: int, repeats: int, out_dir: str) -> No
             a @ b.t()
             dist.all_reduce(x)
 
+        ping = partial(ping_pong, dist, rank, x)
         p2p = [t / 2 for t in _time(ping, dist.barrier, warmup, repeats)]
         ar = _time(lambda x=x: dist.all_reduce(x), dist.barrier, warmup, repeats)
         alone = min(_time(gemm, dist.barrier, warmup, repeats))
@@ -108,18 +87,11 @@ def _worker(rank: int, port: int, warmup: int, repeats: int, out_dir: str) -> No
         for kind, t in (("p2p", min(p2p)), ("all_reduce", min(ar)),
                         ("all_reduce_after_compute", added)):
             rows.append({"kind": kind, "size_bytes": float(x.numel() * 4), "time_s": t})
-    reference.append(_reference_gemm_s(dist.barrier))
+    reference.append(reference_gemm_s(best_of))
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rows": rows,
                                                              "reference": reference}))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def steps_volume(kind: str, n: int, size: float) -> tuple[int, float]:
-    """(latency steps, bytes per link) of `kind` of `size` bytes over n ranks (module docstring)."""
-    if kind == "p2p":
-        return 1, size
-    return 2 * (n - 1), 2 * (n - 1) / n * size
 
 
 def fit(points: list[dict[str, float]], kind: str, n: int = 2) -> tuple[float, float]:
@@ -127,15 +99,13 @@ def fit(points: list[dict[str, float]], kind: str, n: int = 2) -> tuple[float, f
     import numpy as np
 
     rows = [p for p in points if p["kind"] == kind and p["time_s"] > 0]
-    a = np.asarray([[steps_volume(kind, n, p["size_bytes"])[0] / p["time_s"],
-                     steps_volume(kind, n, p["size_bytes"])[1] / p["time_s"]] for p in rows])
+    a = np.asarray([[collective_steps_volume(kind, n, p["size_bytes"])[0] / p["time_s"],
+                     collective_steps_volume(kind, n, p["size_bytes"])[1] / p["time_s"]] for p in rows])
     sol, *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
     return max(float(sol[0]), 0.0), 1.0 / max(float(sol[1]), 1e-15)
 
 
 def main() -> None:
-    import torch.multiprocessing as mp
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -144,22 +114,16 @@ def main() -> None:
     args = ap.parse_args()
     prepare_workers("cpu")  # the workers' glibc malloc settings of sim trace / sim profile
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(_free_port(), args.warmup, args.repeats, tmp), nprocs=2)
-        per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
+    per_rank = run_two_ranks(_worker, args.warmup, args.repeats)
     points = [{"kind": a["kind"], "size_bytes": a["size_bytes"],
                "time_s": (a["time_s"] + b["time_s"]) / 2}
               for a, b in zip(per_rank[0]["rows"], per_rank[1]["rows"])]
     reference_s = statistics.mean(per_rank[0]["reference"] + per_rank[1]["reference"])
     fits = {kind: dict(zip(("alpha_s", "beta_bytes_per_s"), fit(points, kind)))
             for kind in ("p2p", "all_reduce", "all_reduce_after_compute")}
-    command = "python bench/gloo_collectives.py " + " ".join(sys.argv[1:])
     out = {"_about": "gloo over loopback TCP, 2 processes x 1 thread: alpha-beta fit per "
                      "collective kind (bench/gloo_collectives.py docstring)",
-           "command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "machine": {"cpu": platform.processor() or platform.machine(),
-                       "logical_cores": os.cpu_count(), "load_average_before": load_before,
-                       "load_average_after": os.getloadavg()[0]},
+           **provenance("bench/gloo_collectives.py", load_before),
            "reference_gemm_s": reference_s, "fit": fits, "points": points}
     if args.json:
         print(json.dumps(out, indent=1, sort_keys=True))
@@ -167,7 +131,7 @@ def main() -> None:
         print(f"{'kind':26}{'size (B)':>12}{'time (us)':>12}{'alpha-beta (us)':>17}")
         for p in points:
             f = fits[p["kind"]]
-            steps, vol = steps_volume(p["kind"], 2, p["size_bytes"])
+            steps, vol = collective_steps_volume(p["kind"], 2, p["size_bytes"])
             model = steps * f["alpha_s"] + vol / f["beta_bytes_per_s"]
             print(f"{p['kind']:26}{p['size_bytes']:12.0f}{1e6 * p['time_s']:12.1f}"
                   f"{1e6 * model:17.1f}")

@@ -399,6 +399,16 @@ def _all_gather(dist: Any, parts: list[Any], rank: int) -> Any:
     return dist.all_gather(parts, parts[rank].clone())
 
 
+def ping_pong(dist: Any, rank: int, x: Any) -> None:
+    """One round trip of `x` between ranks 0 and 1 (two p2p transfers)."""
+    if rank == 0:
+        dist.send(x, 1)
+        dist.recv(x, 1)
+    else:
+        dist.recv(x, 0)
+        dist.send(x, 0)
+
+
 def _collectives(dist: Any, rank: int, world: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     import torch
 
@@ -416,14 +426,7 @@ def _collectives(dist: Any, rank: int, world: int, cfg: dict[str, Any]) -> list[
             calls["reduce_scatter"] = partial(dist.reduce_scatter, parts[rank],
                                               list(x.chunk(world)))
         if world == 2:
-            def ping(x: Any = x) -> None:
-                if rank == 0:
-                    dist.send(x, 1)
-                    dist.recv(x, 1)
-                else:
-                    dist.recv(x, 0)
-                    dist.send(x, 0)
-            calls["p2p"] = ping
+            calls["p2p"] = partial(ping_pong, dist, rank, x)
         for kind, fn in calls.items():
             try:
                 times = _time(fn, cfg["warmup"] + 1, reps, dist.barrier, cfg["agree"],

@@ -1,0 +1,51 @@
+"""What the CPU microbenchmarks (bench/cpu_ops.py, bench/gloo_collectives.py) share when they
+record: two gloo worker processes whose results come back as JSON, the reference GEMM that
+pins the machine's speed at that moment, and the machine block each data file keeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainsim.validate.devices import free_port
+from trainsim.validate.profiler import FILLER_GEMM
+
+
+def run_two_ranks(worker: Callable[..., None], *args: Any) -> list[dict[str, Any]]:
+    """Spawn `worker(rank, port, *args, out_dir)` on two processes (torch.multiprocessing,
+    gloo over loopback) and return what each wrote to `out_dir`/rank<r>.json."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker, args=(free_port(), *args, tmp), nprocs=2)
+        return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def reference_gemm_s(best_of: Callable[[Callable[[], Any]], float]) -> float:
+    """Seconds of the reference GEMM (validate/profiler.py's `FILLER_GEMM`, a @ b.T) as
+    `best_of` times it, every process at once: the machine's speed at this moment, which
+    `sim validate` compares with the trace's own (the host's speed drifts)."""
+    import torch
+
+    m, n, k = FILLER_GEMM
+    a, b = torch.randn(m, k), torch.randn(n, k)
+    return best_of(lambda: a @ b.t())
+
+
+def provenance(script: str, load_before: float) -> dict[str, Any]:
+    """The command, date and machine a data file records (load average before and now)."""
+    return {"command": (f"python {script} " + " ".join(sys.argv[1:])).strip(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": {"cpu": platform.processor() or platform.machine(),
+                        "logical_cores": os.cpu_count(), "load_average_before": load_before,
+                        "load_average_after": os.getloadavg()[0]}}
+
+
+__all__ = ["provenance", "reference_gemm_s", "run_two_ranks"]
