@@ -29,6 +29,8 @@ quick run, the full suite (CI) runs everything.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,3 +185,25 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                                 "a `shared_file` argument")
     metafunc.parametrize("shared_file", shared_files(*marker.args, **marker.kwargs),
                          indirect=True)
+
+
+@pytest.fixture
+def render_dom(tmp_path: Path) -> Callable[[Path, int], tuple[str, list[str]]]:
+    """`render_dom(page, height)` loads an HTML page in headless Chromium and returns the DOM
+    after its scripts ran and the console lines reporting an error; skips without Chromium."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium not installed (apt-get install chromium)")
+
+    def render(page: Path, height: int) -> tuple[str, list[str]]:
+        done = subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+             "--enable-logging=stderr", "--v=0", f"--window-size=1400,{height}",
+             "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+            check=True, capture_output=True, text=True, timeout=120)
+        console = [ln for ln in done.stderr.splitlines() if ":CONSOLE" in ln]
+        return done.stdout, [ln for ln in console if "Uncaught" in ln or "Error" in ln]
+
+    return render

@@ -39,7 +39,7 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -321,18 +321,15 @@ def parse_spec(doc: Any, where: str = "sweep spec") -> SweepSpec:
         raise SpecError(f"{where}: {spec.size:,} scenarios; at most {MAX_SCENARIOS:,} "
                         f"(split the sweep into several specs)")
     hashes: dict[str, str] = {}
-    for i, name in enumerate(models):
-        try:
-            get_model(name)
-        except TrainsimError as exc:
-            raise SpecError(f"{where}: models[{i}]: {exc}") from None
-        hashes.update(_file_hash(name))
-    for i, name in enumerate(clusters):
-        try:
-            parse_cluster(name)
-        except TrainsimError as exc:
-            raise SpecError(f"{where}: clusters[{i}]: {exc}") from None
-        hashes.update(_file_hash(name))
+    checks: tuple[tuple[str, Sequence[str], Callable[[str], object]], ...] = (
+        ("models", models, get_model), ("clusters", clusters, parse_cluster))
+    for field_name, names, load in checks:
+        for i, name in enumerate(names):
+            try:
+                load(name)
+            except TrainsimError as exc:
+                raise SpecError(f"{where}: {field_name}[{i}]: {exc}") from None
+            hashes.update(_file_hash(name))
     return dataclasses.replace(spec, file_hashes=hashes)
 
 

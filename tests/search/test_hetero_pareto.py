@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import csv
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
 from rich.console import Console
 
 from trainsim.search.hetero.pareto import (
@@ -22,8 +19,6 @@ from trainsim.search.hetero.pareto import (
     write_html,
     write_table,
 )
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _point(name: str, tokens: float | None, cost: float | None, *, mixed: bool = False,
@@ -159,24 +154,13 @@ def test_html_is_self_contained_and_byte_identical(tmp_path: Path) -> None:
     assert "Plotly.newPlot" in text and len(first) > 1_000_000
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
-def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
+def test_html_renders_in_headless_chromium(tmp_path: Path, render_dom) -> None:
     """Headless Chromium runs the page without an uncaught JS error, and plotly drew it: one
     marker per planned point, the front line and both legend entries in the rendered DOM."""
-    assert CHROMIUM is not None
     page = tmp_path / "pareto.html"
     write_html(_sample(), page, "pareto")
-    done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-         "--enable-logging=stderr", "--v=0", "--window-size=1400,900",
-         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-        check=True, capture_output=True, text=True, timeout=120,
-    )
-    console = [ln for ln in done.stderr.splitlines() if ":CONSOLE" in ln]
-    assert not [ln for ln in console if "Uncaught" in ln or "Error" in ln], console
-    dom = done.stdout
+    dom, errors = render_dom(page, 900)
+    assert not errors, errors
     assert 'class="main-svg"' in dom
     assert len(re.findall(r'<path class="point"', dom)) == 5
     assert "Pareto front" in dom and "homogeneous" in dom and "mixed" in dom

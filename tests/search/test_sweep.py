@@ -8,7 +8,6 @@ import builtins
 import hashlib
 import json
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -40,7 +39,6 @@ Sim = Callable[[list[str]], tuple[int, str, str]]
 
 pq = pytest.importorskip("pyarrow.parquet")
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SMALL: dict[str, Any] = {
     "models": ["gpt3-125m"],
     "clusters": ["4xV100-SXM2-32GB"],
@@ -381,22 +379,12 @@ def test_report_writes_a_self_contained_page(tmp_path: Path,
     assert code == 2 and "not a sweep table" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
-def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+def test_report_renders_in_headless_chromium(tmp_path: Path, render_dom) -> None:
     """No uncaught JS error; plotly drew the panels, with one star per Pareto point."""
-    assert CHROMIUM is not None
     table = run_sweep(load_spec(SMALL), tmp_path / "t.parquet", workers=1).path
     page = write_report(table, tmp_path / "t.html")
-    done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-         "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-         "--enable-logging=stderr", "--v=0", "--window-size=1400,1600",
-         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-        check=True, capture_output=True, text=True, timeout=120)
-    console = [ln for ln in done.stderr.splitlines() if ":CONSOLE" in ln]
-    assert not [ln for ln in console if "Uncaught" in ln or "Error" in ln], console
-    dom = done.stdout
+    dom, errors = render_dom(page, 1600)
+    assert not errors, errors
     assert 'class="main-svg"' in dom
     # 8 scenarios ran: each drawn in the top panel and 2 knobs × 3 panels = 7 times.
     assert len(re.findall(r'<path class="point"', dom)) == 8 * 7
