@@ -19,6 +19,7 @@ from typing import Any
 
 from trainsim.errors import TraceError
 from trainsim.validate.profile_db import ProfileDB, ProfileRow
+from trainsim.validate.trace_import import chrome_events
 
 GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 """Matrix products, 2·[b·]m·n·k FLOPs from the two matrix operands: kind "matmul", or
@@ -88,19 +89,17 @@ def kineto_profile(data: Any, where: str = "trace") -> ProfileDB:
     Raises:
         TraceError: not a Chrome trace, or no op with recorded shapes (record_shapes=True).
     """
-    events = data.get("traceEvents") if isinstance(data, dict) else data
-    if not isinstance(events, list):
-        raise TraceError(f"{where}: not a Chrome/Kineto trace (no traceEvents list)")
+    events = chrome_events(data, where)
     kernel_us: dict[Any, float] = defaultdict(float)
     for e in events:
-        if isinstance(e, dict) and e.get("cat") == "kernel" and e.get("ph") == "X":
+        if e.get("cat") == "kernel" and e.get("ph") == "X":
             ext = (e.get("args") or {}).get("External id")
             if ext is not None:
                 kernel_us[ext] += float(e.get("dur", 0.0))
     gpu = bool(kernel_us)
     times: dict[tuple[str, tuple[int, ...], float, float], list[float]] = defaultdict(list)
     for e in events:
-        if not isinstance(e, dict) or e.get("cat") != "cpu_op" or e.get("ph") != "X":
+        if e.get("cat") != "cpu_op" or e.get("ph") != "X":
             continue
         args = e.get("args") or {}
         dims, types = args.get("Input Dims"), args.get("Input type") or []

@@ -66,7 +66,8 @@ def kind_of_event(name: str) -> str | None:
     return ATEN_KINDS.get(name)
 
 
-def _events(data: Any, where: str) -> list[dict[str, Any]]:
+def chrome_events(data: Any, where: str) -> list[dict[str, Any]]:
+    """The event dicts of a Chrome/Kineto trace (``{"traceEvents": [...]}`` or a bare list)."""
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise TraceError(f"{where}: not a Chrome/Kineto trace (no traceEvents list)")
@@ -83,7 +84,7 @@ def parse_kineto(data: Any, where: str = "trace") -> dict[str, Any]:
     Raises:
         TraceError: not a Chrome trace, or no complete ("X") events.
     """
-    raw = _events(data, where)
+    raw = chrome_events(data, where)
     spans = []
     peak = 0.0
     for e in raw:

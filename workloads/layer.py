@@ -82,13 +82,13 @@ class Layer:
         """Per-GPU totals of the layer at degrees `tp`/`ep` with or without SP."""
         ops = self.sharded_ops(tp, sp, ep)
         out_div = tp if (sp and tp > 1 and self.kind not in ("head",)) else 1
+        shares = self.selective_shares(tp, sp)
         return LayerCosts(
             name=self.name, kind=self.kind,
             fwd_flops=sum(op.fwd_flops for op in ops),
             bwd_flops=sum(op.bwd_flops for op in ops),
             matmul_fwd_flops=sum(op.fwd_flops for op in ops if op.is_matmul),
-            selective_fwd_flops=sum(self.selective_shares(tp, sp).get(op.name, 0.0) * op.fwd_flops
-                                    for op in ops),
+            selective_fwd_flops=sum(shares.get(op.name, 0.0) * op.fwd_flops for op in ops),
             fwd_bytes=sum(op.fwd_bytes for op in ops),
             bwd_bytes=sum(op.bwd_bytes for op in ops),
             params=sum(op.params for op in ops),

@@ -528,7 +528,7 @@ class _Lowering:
             else:
                 tp = m.tp[i]
                 last[u] = (emit(tp, ids, j, meta)[-1:] or ids) if tp is not None else ids
-            if last[u] is not ids and last[u] != ids:
+            if last[u] != ids:
                 self._hold_compute(prog, last[u], k, a.kind, j, meta)
         if blk.ep_needs:
             last = self._ep_tasks(blk.ep_needs, phys, f"s{k}.{a.kind}%d", j, last, meta)
