@@ -54,13 +54,15 @@ def dvfs_command(
     rows = [[g, f"{s.gemm_clock_bound_fraction:.3f}",
              "-" if s.sustained_clock_mhz is None else f"{s.sustained_clock_mhz:.0f}",
              f"{s.cap_sharpness:.1f}", f"{cal.power[g].v_min_ratio:.3f}",
+             "-" if cal.power[g].voltage_knee_mhz is None
+             else f"{cal.power[g].voltage_knee_mhz:.0f}",
              f"{cal.power[g].memory_bound_activity:.3f}",
              f"{cal.power[g].dynamic_power_max_w:.1f}",
              cal.sources[f"clock_scaling.{g}"].rsplit("RMS ", 1)[-1].split(" ")[0],
              cal.sources[f"power.{g}"].rsplit("RMS ", 1)[-1].split(" ")[0]]
             for g, s in sorted(cal.clock_scaling.items())]
     print_table("DVFS calibration (fit to Perseus measured stage profiles)",
-                ["GPU", "GEMM clock-bound", "sustained MHz", "knee p", "V ratio r",
+                ["GPU", "GEMM clock-bound", "sustained MHz", "knee p", "V ratio r", "V knee MHz",
                  "a_mem", "P_dyn W", "time RMS", "power RMS"], rows)
     typer.echo(f"wrote {out}")
     if write_catalog:

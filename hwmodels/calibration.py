@@ -6,7 +6,8 @@
     {"trainsim_calibration": 1,
      "clock_scaling": {"<GPU name>": {<clock_scaling.json record>}, ...},
      "power": {"<GPU name>": {"v_min_ratio": r, "memory_bound_activity": a,
-                              "dynamic_power_max_w": W, "source": "..."}, ...},
+                              "dynamic_power_max_w": W, "voltage_knee_mhz": f_v (optional),
+                              "source": "..."}, ...},
      "gemm_efficiency": {"<GPU name>": {"scale": k, "source": "..."}, ...},
      "op_efficiency": {"<GPU name>": {"compute_scale": {"<class>": k, ...},
                                       "memory_scale": k, "launch_overhead_s": s,
@@ -73,6 +74,7 @@ class Calibration:
             "power": {g: {"v_min_ratio": p.v_min_ratio,
                           "memory_bound_activity": p.memory_bound_activity,
                           "dynamic_power_max_w": p.dynamic_power_max_w,
+                          "voltage_knee_mhz": p.voltage_knee_mhz,
                           "source": self.sources.get(f"power.{g}", "")}
                       for g, p in sorted(self.power.items())},
             "gemm_efficiency": {g: {"scale": k,
@@ -89,10 +91,13 @@ class Calibration:
 def _power_record(where: str, gpu_name: str, entry: Any) -> PowerModel:
     if not isinstance(entry, dict):
         raise DataFileError(f"{where}: must be an object")
-    check_keys(where, entry, _POWER_FIELDS)
+    check_keys(where, entry, _POWER_FIELDS, ("voltage_knee_mhz",))
     base = power_model(get_gpu(gpu_name))
+    knee = entry.get("voltage_knee_mhz")
     try:
         return replace(base,
+                       voltage_knee_mhz=None if knee is None else number(
+                           where, "voltage_knee_mhz", knee),
                        v_min_ratio=number(where, "v_min_ratio", entry["v_min_ratio"]),
                        memory_bound_activity=number(where, "memory_bound_activity",
                                                     entry["memory_bound_activity"],

@@ -35,6 +35,7 @@ def describe_hardware(name: str) -> dict[str, Any]:
             "v_min_ratio": pm.v_min_ratio,
             "dynamic_power_max_w": pm.dynamic_power_max_w,
             "memory_bound_activity": pm.memory_bound_activity,
+            "voltage_knee_mhz": pm.voltage_knee_mhz,
         }
         return data
     if lowered in {n.lower() for n in list_node_types()}:

@@ -6,17 +6,22 @@ and a part that does not (memory-bound work), the two-component model used by Pe
 
     t(f) = t(f_max) × (c × f_max / f + (1 − c)),     c = SM-bound fraction of t(f_max)
 
-Power. CMOS dynamic power is C·V²·f (Weste & Harris, *CMOS VLSI Design*, eq. 5.10); a GPU lowers
-its core voltage with its clock, approximated here as linear between the lowest and highest
-clocks. With idle (static + blocking) power P_idle and utilisation split into an SM-bound part u
-and a memory-bound part (1 − u):
+Power. CMOS dynamic power is C·V²·f (Weste & Harris, *CMOS VLSI Design*, eq. 5.10). A GPU's
+voltage/frequency table holds the core voltage at a floor up to some clock and raises it
+above that (below the knee only the clock drops, so power falls slowly; above it voltage and
+clock rise together, so power climbs steeply -- the shape of every Perseus A100 and A40 power
+sweep). With the floor r = V_floor/V(f_max), the knee f_v (default f_min: the voltage is linear
+over the whole range), idle (static + blocking) power P_idle and utilisation split into an
+SM-bound part u and a memory-bound part (1 − u):
 
-    V(f)/V(f_max) = r + (1 − r) (f − f_min)/(f_max − f_min)
+    V(f)/V(f_max) = r + (1 − r) max(0, (f − f_v)/(f_max − f_v))
     P(f, u) = min(TDP, P_idle + P_dyn [u (f/f_max) (V(f)/V(f_max))² + (1 − u) a_mem])
 
 P_dyn defaults to TDP − P_idle, so a fully SM-bound kernel at the top clock draws TDP; the
-voltage ratio r, a GPU's excess P_dyn (the A40 hits its 300 W board limit below its top clock)
-and the memory-bound activity a_mem come from `data/power.json` with their sources.
+voltage floor r and knee f_v, a GPU's excess P_dyn (the A40 hits its 300 W board limit below
+its top clock) and the memory-bound activity a_mem come from `data/power.json` with their
+sources. At f_max the voltage ratio is 1 whatever r and f_v are, so they change power only
+below the top clock.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ class PowerModel:
     """Lowest SM clock."""
     f_max_mhz: float
     """Highest SM clock."""
+    voltage_knee_mhz: float | None = None
+    """f_v: clock up to which the core voltage stays at its floor r (None: f_min)."""
 
     def __post_init__(self) -> None:
         where = f"{_FILE}: gpus.{self.gpu_name}"
@@ -65,11 +72,16 @@ class PowerModel:
             raise DataFileError(
                 f"{where}: dynamic_power_max_w={self.dynamic_power_max_w} must be > 0"
             )
+        knee = self.voltage_knee_mhz
+        if knee is not None and not self.f_min_mhz <= knee < self.f_max_mhz:
+            raise DataFileError(f"{where}: voltage_knee_mhz={knee} must be in "
+                                f"[{self.f_min_mhz:g}, {self.f_max_mhz:g}) MHz or null")
 
     def voltage_ratio(self, freq_mhz: float) -> float:
-        """V(f)/V(f_max) on the linear voltage curve."""
-        span = self.f_max_mhz - self.f_min_mhz
-        x = 1.0 if span <= 0 else (freq_mhz - self.f_min_mhz) / span
+        """V(f)/V(f_max): the floor r up to the knee f_v, then linear up to 1 at f_max."""
+        knee = self.f_min_mhz if self.voltage_knee_mhz is None else self.voltage_knee_mhz
+        span = self.f_max_mhz - knee
+        x = 1.0 if span <= 0 else max(0.0, (freq_mhz - knee) / span)
         return self.v_min_ratio + (1.0 - self.v_min_ratio) * x
 
     def dynamic_scale(self, freq_mhz: float) -> float:
@@ -96,9 +108,11 @@ def _coefficients() -> tuple[dict[str, Any], dict[str, Any]]:
     data = load_json(_FILE)
     check_keys(_FILE, data, ("default", "gpus"), ("_about",))
     fields = ("v_min_ratio", "dynamic_power_max_w", "source")
-    check_keys(f"{_FILE}: default", data["default"], (*fields, "memory_bound_activity"))
+    check_keys(f"{_FILE}: default", data["default"],
+               (*fields, "memory_bound_activity", "voltage_knee_mhz"))
     for name, entry in data["gpus"].items():
-        check_keys(f"{_FILE}: gpus.{name}", entry, fields, ("memory_bound_activity",))
+        check_keys(f"{_FILE}: gpus.{name}", entry, fields,
+                   ("memory_bound_activity", "voltage_knee_mhz"))
     return data["default"], data["gpus"]
 
 
@@ -109,6 +123,7 @@ def power_model(gpu: GpuSpec) -> PowerModel:
     entry = {**default, **per_gpu.get(gpu.name, {})}
     where = f"{_FILE}: gpus.{gpu.name}"
     dyn = entry["dynamic_power_max_w"]
+    knee = entry["voltage_knee_mhz"]
     return PowerModel(
         gpu_name=gpu.name,
         idle_power_w=gpu.idle_power_w,
@@ -122,6 +137,7 @@ def power_model(gpu: GpuSpec) -> PowerModel:
         ),
         f_min_mhz=gpu.sm_clock_min_mhz,
         f_max_mhz=gpu.sm_clock_max_mhz,
+        voltage_knee_mhz=None if knee is None else number(where, "voltage_knee_mhz", knee),
     )
 
 

@@ -10,8 +10,13 @@ workload lists) and their predicted ratios compared with the measured ones.
 `fit_clock_scaling` finds the three coefficients of `hwmodels.clock_scaling.ClockScaling`
 (clock-bound GEMM fraction, sustained clock, knee sharpness) per GPU by least squares on the
 time ratios of every (model, stage, instruction) curve of that GPU at once: one set of physics
-coefficients per GPU, not one per curve. The committed values in
-``hwmodels/data/clock_scaling.json`` come from it (``sim calibrate dvfs`` writes them).
+coefficients per GPU, not one per curve. `fit_power_model` then fits the voltage curve of
+`hwmodels.power.PowerModel` (voltage floor and the knee above which voltage rises) on the power
+ratios, which changes power below the top clock only. The committed values in
+``hwmodels/data/clock_scaling.json`` and ``power.json`` come from them (``sim calibrate dvfs
+--write-catalog``). ``python -m trainsim.search.energy.dvfs_fit DIR`` prints, per GPU, the
+per-curve RMS errors of the catalog's coefficients and how far the measured time curves lie
+from their own mean (`common_curve_spread`: what one shared curve per GPU cannot get below).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -173,18 +179,20 @@ def _by_model(curves: list[Curve]) -> dict[str, list[Curve]]:
 
 def fit_power_model(curves: list[Curve], gpu_key: str, scaling: ClockScaling
                     ) -> tuple[PowerModel, float]:
-    """Least-squares voltage ratio r, memory-bound activity a_mem and dynamic power P_dyn of
-    one GPU's power model on the measured power ratios, with the time split `scaling` fixed
-    (it sets each op's SM-bound share). Returns the model and its RMS power-ratio error."""
+    """Least-squares voltage curve (floor r, knee f_v) of one GPU's power model on the measured
+    power ratios, with the time split `scaling` fixed (it sets each op's SM-bound share).
+
+    Only the voltage curve is fitted: it acts below the top clock alone (V(f_max)/V(f_max) = 1
+    for any r, f_v), so the fit leaves every prediction at f_max as it was. P_dyn and a_mem,
+    which set power at f_max, are the catalog's. The knee starts mid-sweep (below the lowest
+    measured clock the residuals do not depend on it). Returns the model and its RMS
+    power-ratio error."""
     mine = [c for c in curves if c.gpu_key == gpu_key]
     base = power_model(get_gpu(PERSEUS_GPUS[gpu_key]))
-    span = base.tdp_w - base.idle_power_w
+    lowest = float(min(c.freq_mhz[0] for c in mine))
 
     def model_of(x: np.ndarray) -> PowerModel:
-        return PowerModel(gpu_name=base.gpu_name, idle_power_w=base.idle_power_w,
-                          tdp_w=base.tdp_w, dynamic_power_max_w=float(x[2]) * span,
-                          v_min_ratio=float(x[0]), memory_bound_activity=float(x[1]),
-                          f_min_mhz=base.f_min_mhz, f_max_mhz=base.f_max_mhz)
+        return replace(base, v_min_ratio=float(x[0]), voltage_knee_mhz=float(x[1]))
 
     def residuals(x: np.ndarray) -> np.ndarray:
         pm = model_of(x)
@@ -194,12 +202,12 @@ def fit_power_model(curves: list[Curve], gpu_key: str, scaling: ClockScaling
             parts += [pred[(c.stage, c.instruction)][1] - c.power_ratio for c in group]
         return np.concatenate(parts)
 
-    x0 = [base.v_min_ratio, base.memory_bound_activity, base.dynamic_power_max_w / span]
-    result = least_squares(residuals, x0=x0, bounds=([0.2, 0.0, 0.5], [1.0, 1.0, 2.0]),
+    x0 = [0.6, (lowest + base.f_max_mhz) / 2]
+    result = least_squares(residuals, x0=x0,
+                           bounds=([0.2, base.f_min_mhz], [1.0, base.f_max_mhz - 1.0]),
                            diff_step=1e-3, max_nfev=200)
-    x = np.array([round(float(result.x[0]), 4), round(float(result.x[1]), 4),
-                  round(float(result.x[2]), 4)])
-    return model_of(x), math.sqrt(float(np.mean(result.fun ** 2)))
+    x = np.array([round(float(result.x[0]), 4), round(float(result.x[1]), 1)])
+    return model_of(x), math.sqrt(float(np.mean(residuals(x) ** 2)))
 
 
 SAME_DIE = {"A100-SXM4-40GB": ("A100-SXM4-80GB",)}
@@ -231,8 +239,10 @@ def calibrate(folder: str | Path, on_gpu: Callable[[str], None] | None = None) -
                 f"SOSP'24 measured stage profiles) through trainsim's lowering; RMS "
                 f"{t_rms:.3f}{note}")
             sources[f"power.{target}"] = (
-                f"sim calibrate dvfs: least squares on P(f)/P(f_max) of {where} with the time "
-                f"split fixed; RMS {p_rms:.3f}{note}")
+                f"sim calibrate dvfs: v_min_ratio and voltage_knee_mhz by least squares on "
+                f"P(f)/P(f_max) of {where} with the time split fixed; RMS {p_rms:.3f} "
+                f"(dynamic_power_max_w and memory_bound_activity, which set power at f_max, "
+                f"kept from the catalog){note}")
     return Calibration(scalings, powers, sources)
 
 
@@ -248,3 +258,37 @@ def write_catalog(calibration: Calibration) -> list[Path]:
         path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         written.append(path)
     return written
+
+
+def common_curve_spread(curves: list[Curve], gpu_key: str) -> list[float]:
+    """Per-curve RMS distance of one GPU's measured time ratios from their mean curve.
+
+    Its maximum bounds what any model reaches that predicts one t(f)/t(f_max) for every stage
+    of that GPU (as per-GPU physics does when the stages have the same op mix): the mean is
+    the least-squares common curve."""
+    mine = [c.time_ratio for c in curves if c.gpu_key == gpu_key]
+    mean = np.mean(mine, axis=0)
+    return [float(np.sqrt(np.mean((t - mean) ** 2))) for t in mine]
+
+
+def summary_lines(folder: str | Path) -> list[str]:
+    """Per GPU: min–max per-curve RMS of the catalog's time and power ratios, and the spread
+    of the measured time curves around their mean (`common_curve_spread`)."""
+    curves = load_curves(folder)
+    errors = curve_errors(curves)
+    lines = []
+    for gpu_key in sorted({c.gpu_key for c in curves}):
+        mine = [e for e in errors if e.curve.gpu_key == gpu_key]
+        t = [e.time_rms for e in mine]
+        p = [e.power_rms for e in mine]
+        spread = common_curve_spread(curves, gpu_key)
+        lines.append(f"{PERSEUS_GPUS[gpu_key]}: {len(mine)} curves, time RMS "
+                     f"{min(t):.3f}-{max(t):.3f}, power RMS {min(p):.3f}-{max(p):.3f}, "
+                     f"measured time curves vs their mean {min(spread):.3f}-{max(spread):.3f}")
+    return lines
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m trainsim.search.energy.dvfs_fit PERSEUS_STAGE_PROFILE_DIR")
+    print("\n".join(summary_lines(sys.argv[1])))
