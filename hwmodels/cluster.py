@@ -222,6 +222,15 @@ class Cluster:
         start = self._node_first_rank[node]
         return list(range(start, start + self.node_groups[self._node_group[node]].gpus_per_node))
 
+    def placement(self) -> tuple[list[int], list[int], list[int]]:
+        """(node of each rank, local index of each rank, node group of each node): the tables
+        behind `node_of`, `local_rank` and `group_of`, for loops over many ranks (read only)."""
+        return self._rank_node, self._rank_local, self._node_group
+
+    def node_symmetric(self, node: int) -> bool:
+        """Whether every GPU of global node `node` is wired alike (`NodeLinks.symmetric`)."""
+        return self._node_links[node].symmetric
+
     def idle_power_w(self, rank: int) -> float:
         """Idle (blocking) power of the GPU at `rank`."""
         return self.gpu(rank).idle_power_w

@@ -54,6 +54,24 @@ class Link:
             raise ValueError(f"link {self.link_id}: bandwidth_bytes_per_s must be > 0")
 
 
+def link_parts(link_id: str) -> tuple[int, int | None, str]:
+    """(global node, local GPU or None, the rest) of a link id: ``n<node>.g<gpu>.<rest>`` for a
+    GPU's own links, ``n<node>.<rest>`` for the node's (NIC, NVLink pairs). Every link belongs
+    to one node (and most to one GPU), so collective planning can translate a collective's
+    links from one set of nodes and GPUs to another alike (workloads/lowering/comm.py)."""
+    head, _, rest = link_id.partition(".")
+    node = int(head[1:])
+    first, dot, tail = rest.partition(".")
+    if dot and first[:1] == "g" and first[1:].isdigit():
+        return node, int(first[1:]), tail
+    return node, None, rest
+
+
+def link_id_of(node: int, local: int | None, rest: str) -> str:
+    """The link id with these parts (inverse of `link_parts`)."""
+    return f"n{node}.{rest}" if local is None else f"n{node}.g{local}.{rest}"
+
+
 class NodeLinks:
     """The links of one node and the intra-node path between two of its GPUs."""
 
@@ -128,6 +146,12 @@ class NodeLinks:
         if direct is not None:
             return (direct,)
         return (self.pcie_out[a], self.pcie_in[b])
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether every GPU of the node is wired alike (NVSwitch or PCIe only: no NVLink
+        pairs), so that any renumbering of its GPUs maps its links onto its links."""
+        return bool(self.switch_out) or not self.pairs
 
     def all_links(self) -> list[Link]:
         """Every link of this node in a stable order."""

@@ -45,7 +45,7 @@ Two layers:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from weakref import WeakKeyDictionary
@@ -224,16 +224,18 @@ def _phase(name: str, ranks: tuple[int, ...], steps: int, transfers: Sequence[Tr
     """A phase from its concurrent transfers: max-loaded links and the slowest step latency."""
     load: dict[str, float] = {}
     alpha = 0.0
-    path_of = cluster.path
+    info = _path_info(cluster)
     for src, dst, size in transfers:
-        path = path_of(src, dst)
-        latency = 0.0
-        for link in path:
-            latency += float(link.latency_s)
-            link_id = link.link_id
-            load[link_id] = load.get(link_id, 0.0) + size
-            bandwidths[link_id] = float(link.bandwidth_bytes_per_s)
-        alpha = max(alpha, latency)
+        ids, latency, bws = info(src, dst)
+        if latency > alpha:  # noqa: PLR1730  # = max(alpha, latency), without the call
+            alpha = latency
+        for link_id, bw in zip(ids, bws):
+            prev = load.get(link_id)
+            if prev is None:
+                load[link_id] = 0.0 + size
+                bandwidths[link_id] = bw
+            else:
+                load[link_id] = prev + size
     peak = max(load.values(), default=0.0)
     if not peak:
         return CommPhase(name=name, ranks=ranks, latency_s=steps * alpha, bytes_per_link=0.0,
@@ -249,6 +251,35 @@ def _phase(name: str, ranks: tuple[int, ...], steps: int, transfers: Sequence[Tr
         volume = slowest_time * min(bandwidths[k] for k in heaviest)
     return CommPhase(name=name, ranks=ranks, latency_s=steps * alpha, bytes_per_link=volume,
                      links=tuple(sorted(heaviest)))
+
+
+PathInfo = tuple[tuple[str, ...], float, tuple[float, ...]]
+"""(link ids, summed latency, bandwidths) of the path between two ranks."""
+
+_PATH_INFO: WeakKeyDictionary[object, dict[tuple[int, int], PathInfo]] = WeakKeyDictionary()
+"""`PathInfo` per (source, destination), per topology object (as `_RING_CACHES`)."""
+
+
+def _path_info(cluster: ClusterTopology) -> Callable[[int, int], PathInfo]:
+    """`PathInfo` of a pair, remembered per topology: `_phase` reads it for every transfer."""
+    try:
+        cache = _PATH_INFO.setdefault(cluster, {})
+    except TypeError:
+        cache = {}
+
+    def info(src: int, dst: int) -> PathInfo:
+        found = cache.get((src, dst))
+        if found is None:
+            path = cluster.path(src, dst)
+            latency = 0.0
+            for link in path:
+                latency += float(link.latency_s)
+            found = cache[(src, dst)] = (tuple(link.link_id for link in path), latency,
+                                         tuple(float(link.bandwidth_bytes_per_s)
+                                               for link in path))
+        return found
+
+    return info
 
 
 def _ring(members: Sequence[int], size: float) -> list[Transfer]:
@@ -281,12 +312,33 @@ def _node_ordered(cluster: ClusterTopology, ranks: Sequence[int]) -> list[int]:
     key = ("path", *ranks)
     if cache is not None and key in cache:
         return list(cache[key])
-    hop = _hop(cluster)
     order = [r for members in _by_node(cluster, ranks).values()
-             for r in node_path(members, hop, _rings(cluster, members))]
+             for r in _node_path(cluster, members)]
     if cache is not None:
         cache[key] = order
     return order
+
+
+def _node_path(cluster: ClusterTopology, members: list[int]) -> list[int]:
+    """`rings.node_path` of one node's `members`, remembered per `_alike` key."""
+    cache = _ring_cache(cluster)
+    alike = _alike(cluster, members)
+    if cache is None or alike is None:
+        return node_path(members, _hop(cluster), _rings(cluster, members))
+    key = ("node path", alike)
+    found = cache.get(key)
+    if found is None:
+        order = node_path(members, _hop(cluster), _rings(cluster, members))
+        found = cache[key] = tuple(members.index(r) for r in order)
+    return [members[i] for i in found]
+
+
+def _alike(cluster: ClusterTopology, ranks: Sequence[int]) -> Hashable | None:
+    """A key shared by rank lists of one node that are wired alike (the same GPUs of nodes of
+    one node group), from the topology's optional ``wiring_key`` (MemoTopology has one);
+    rings found for one serve the others position by position. None: not known."""
+    key = getattr(cluster, "wiring_key", None)
+    return None if key is None else key(ranks)
 
 
 def _rings(cluster: ClusterTopology, ranks: Sequence[int]) -> list[tuple[tuple[int, ...], float]]:
@@ -304,7 +356,17 @@ def _rings(cluster: ClusterTopology, ranks: Sequence[int]) -> list[tuple[tuple[i
     key = ("rings", *ranks)
     if cache is not None and key in cache:
         return list(cache[key])
-    rings = _build_rings(cluster, ranks)
+    alike = _alike(cluster, ranks) if cache is not None else None
+    if alike is not None:
+        assert cache is not None
+        found = cache.get(("alike rings", alike))
+        if found is None:
+            found = cache[("alike rings", alike)] = [
+                (tuple(ranks.index(r) for r in ring), w)
+                for ring, w in _build_rings(cluster, ranks)]
+        rings = [(tuple(ranks[i] for i in ring), w) for ring, w in found]
+    else:
+        rings = _build_rings(cluster, ranks)
     if cache is not None:
         cache[key] = rings
     return rings

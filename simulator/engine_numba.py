@@ -34,6 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from trainsim.errors import SimulationError
+from trainsim.simulator.csr_numba import reverse_csr
 from trainsim.simulator.engine_simpy import deadlock_error
 from trainsim.simulator.event_loop_numba import (
     ST_ENDED,
@@ -53,15 +54,7 @@ def successors(frozen: FrozenProgram) -> tuple[np.ndarray, np.ndarray]:
 
     A task listing the same dep twice appears twice, matching its wait count.
     """
-    n = frozen.num_tasks
-    counts = np.diff(frozen.dep_ptr)
-    owner = np.repeat(np.arange(n, dtype=np.int64), counts)
-    dep = frozen.dep_idx.astype(np.int64)
-    order = np.argsort(dep, kind="stable")
-    succ_idx = owner[order]
-    succ_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dep, minlength=n), out=succ_ptr[1:])
-    return succ_ptr, succ_idx
+    return reverse_csr(frozen.dep_ptr, frozen.dep_idx, frozen.num_tasks)
 
 
 def event_times(
@@ -84,13 +77,14 @@ def event_times(
         return start, end
     i64 = np.int64
     succ_ptr, succ_idx = successors(frozen)
-    member_ptr = frozen.member_ptr.astype(i64)
-    member_queue = frozen.member_queue.astype(i64)
-    member_pos = frozen.member_pos.astype(i64)
-    queue_ptr = frozen.queue_ptr.astype(i64)
-    queue_task = frozen.queue_task.astype(i64)
-    link_ptr = frozen.link_ptr.astype(i64)
-    link_idx = frozen.link_idx.astype(i64)
+    # read only in the loop: no copy where the frozen array already has the canonical dtype
+    member_ptr = np.ascontiguousarray(frozen.member_ptr, dtype=i64)
+    member_queue = np.ascontiguousarray(frozen.member_queue, dtype=i64)
+    member_pos = np.ascontiguousarray(frozen.member_pos, dtype=i64)
+    queue_ptr = np.ascontiguousarray(frozen.queue_ptr, dtype=i64)
+    queue_task = np.ascontiguousarray(frozen.queue_task, dtype=i64)
+    link_ptr = np.ascontiguousarray(frozen.link_ptr, dtype=i64)
+    link_idx = np.ascontiguousarray(frozen.link_idx, dtype=i64)
     duration = np.ascontiguousarray(frozen.duration_s, dtype=np.float64)
     comm = np.ascontiguousarray(frozen.comm_bytes, dtype=np.float64)
     bandwidth = np.ascontiguousarray(frozen.link_bandwidth_bytes_per_s, dtype=np.float64)

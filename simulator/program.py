@@ -300,6 +300,34 @@ class Program:
         return FrozenProgram.from_program(self)
 
 
+_LARGE = 10_000
+"""Members from which `FrozenProgram.from_program` builds the queues in one compiled counting
+pass (csr_numba.py) rather than with numpy's lexsort."""
+
+
+def _queues(n: int, member_ptr: np.ndarray, member_rank: np.ndarray, stream_code: np.ndarray,
+            num_streams: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                       np.ndarray]:
+    """(queue_ptr, queue_task, queue keys, member_queue, member_pos): the (rank, stream)
+    queues, key = rank * num_streams + stream, sorted by key, each in task order."""
+    member_stream = np.repeat(stream_code, np.diff(member_ptr))
+    member_task = np.repeat(np.arange(n, dtype=np.int64), np.diff(member_ptr))
+    key = member_rank.astype(np.int64) * num_streams + member_stream
+    order = np.lexsort((member_task, key))
+    sorted_key = key[order]
+    starts: np.ndarray | list[int]
+    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if n else []
+    queue_ptr = np.r_[np.asarray(starts, dtype=np.int64), len(sorted_key)].astype(np.int64)
+    queue_task = member_task[order]
+    queue_keys = sorted_key[np.asarray(starts, dtype=np.int64)] if n else np.empty(0, np.int64)
+    queue_of_sorted = np.repeat(np.arange(len(queue_keys)), np.diff(queue_ptr))
+    member_queue = np.empty(len(member_rank), dtype=np.int32)
+    member_pos = np.empty(len(member_rank), dtype=np.int64)
+    member_queue[order] = queue_of_sorted
+    member_pos[order] = np.arange(len(order), dtype=np.int64) - queue_ptr[queue_of_sorted]
+    return queue_ptr, queue_task, queue_keys, member_queue, member_pos
+
+
 def _find_dep_cycle(program: Program) -> list[int]:
     """Return one dependency cycle as task ids (first repeated at the end), or [] if acyclic."""
     n = len(program.tasks)
@@ -417,22 +445,15 @@ class FrozenProgram:
         member_ptr, member_rank = table.member_ptr.copy(), table.member_rank.copy()
         dep_ptr, dep_idx = table.dep_ptr.copy(), table.dep_idx.copy()
         # Queues: one per (rank, stream) pair, sorted by (rank, stream code).
-        member_stream = np.repeat(stream_code, np.diff(member_ptr))
-        member_task = np.repeat(np.arange(n, dtype=np.int64), np.diff(member_ptr))
         num_streams = max(len(stream_names), 1)
-        key = member_rank.astype(np.int64) * num_streams + member_stream
-        order = np.lexsort((member_task, key))
-        sorted_key = key[order]
-        starts: np.ndarray | list[int]
-        starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if n else []
-        queue_ptr = np.r_[np.asarray(starts, dtype=np.int64), len(sorted_key)].astype(np.int64)
-        queue_task = member_task[order]
-        queue_keys = sorted_key[np.asarray(starts, dtype=np.int64)] if n else np.empty(0, np.int64)
-        queue_of_sorted = np.repeat(np.arange(len(queue_keys)), np.diff(queue_ptr))
-        member_queue = np.empty(len(member_rank), dtype=np.int32)
-        member_pos = np.empty(len(member_rank), dtype=np.int64)
-        member_queue[order] = queue_of_sorted
-        member_pos[order] = np.arange(len(order), dtype=np.int64) - queue_ptr[queue_of_sorted]
+        if len(member_rank) >= _LARGE:  # the same arrays in one compiled counting pass
+            from trainsim.simulator.csr_numba import queues  # deferred: start-up time (numba)
+
+            queue_ptr, queue_task, queue_keys, member_queue, member_pos = queues(
+                member_ptr, member_rank, stream_code, num_streams, program.num_ranks)
+        else:
+            queue_ptr, queue_task, queue_keys, member_queue, member_pos = _queues(
+                n, member_ptr, member_rank, stream_code, num_streams)
         return cls(
             num_ranks=program.num_ranks,
             num_tasks=n,

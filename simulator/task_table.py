@@ -234,10 +234,8 @@ class TaskTable(Sequence[Task]):
         out = (self.member_rank < 0) | (self.member_rank >= num_ranks)
         checks.append((_any_row(owner[out], n), f"rank out of range (num_ranks={num_ranks})"))
         if len(self.member_rank):
-            order = np.lexsort((self.member_rank, owner))
-            o, r = owner[order], self.member_rank[order]
-            dup = (o[1:] == o[:-1]) & (r[1:] == r[:-1])
-            checks.append((_any_row(o[1:][dup], n), "ranks has a repeated rank"))
+            checks.append((_repeats(self.member_ptr, self.member_rank, owner, n),
+                           "ranks has a repeated rank"))
         dep_owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(self.dep_ptr))
         checks.append((_any_row(dep_owner[(self.dep_idx < 0) | (self.dep_idx >= n)], n),
                        f"dep out of range (0..{n - 1})"))
@@ -247,10 +245,8 @@ class TaskTable(Sequence[Task]):
         if unknown.any():
             checks.append((_any_row(link_owner[unknown[self.link_idx]], n), "unknown link"))
         if len(self.link_idx):
-            order = np.lexsort((self.link_idx, link_owner))
-            o, li = link_owner[order], self.link_idx[order]
-            dup = (o[1:] == o[:-1]) & (li[1:] == li[:-1])
-            checks.append((_any_row(o[1:][dup], n), "links must be distinct ids"))
+            checks.append((_repeats(self.link_ptr, self.link_idx, link_owner, n),
+                           "links must be distinct ids"))
         checks.append(((self.comm_bytes > 0) & (np.diff(self.link_ptr) == 0),
                        "comm_bytes > 0 needs at least one link in links"))
         empty = np.array([not t for t in self.name_templates], dtype=bool)
@@ -263,6 +259,25 @@ class TaskTable(Sequence[Task]):
                 first = (int(bad[0]), message)
         del why
         return first
+
+
+def _repeats(ptr: np.ndarray, values: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
+    """Per task, whether its CSR row (`values[ptr[t]:ptr[t+1]]`, owners `owner`) repeats a
+    value: sorted within rows by numpy, or for a large table by a compiled look along each
+    row (csr_numba.py)."""
+    if len(values) >= _LARGE:
+        from trainsim.simulator.csr_numba import rows_with_repeats  # deferred: start-up time
+
+        return rows_with_repeats(ptr, values)
+    order = np.lexsort((values, owner))
+    o, v = owner[order], values[order]
+    dup = (o[1:] == o[:-1]) & (v[1:] == v[:-1])
+    return _any_row(o[1:][dup], n)
+
+
+_LARGE = 10_000
+"""Row entries from which `_repeats` uses the compiled check (csr_numba.py): below it numpy is
+quicker than importing numba."""
 
 
 def _any_row(rows: np.ndarray, n: int) -> np.ndarray:

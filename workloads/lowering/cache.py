@@ -5,7 +5,8 @@ works out before it emits tasks does not depend on the plan but on a few of its 
 graph of a micro-batch shape, a stage's instruction costs (its layer range, op-parallel degrees,
 micro-batch shape, recompute policy, GPU type and clock) and each layer's, the model FLOPs of a micro-batch, the
 list of uniform micro-batches, the pipeline schedule of a (schedule, depth, micro-batches), and
-the planned phases of a collective on given GPUs (comm.py's own caches, shared). The cache
+the planned phases of a collective on given GPUs (comm.py's own caches, shared: with them a
+collective is planned once per group shape, whatever the plan). The cache
 keeps those answers keyed by exactly that content, so a move that touches one stage costs only
 that stage again. Every entry is a pure function of its key (and of the model, cluster and
 options the cache is bound to), so a lowering with the cache emits the same Program as one
@@ -66,9 +67,12 @@ class LoweringCache:
         self.stage_maps: dict[tuple[str, int, int, int], dict[int, int]] = {}
         """The same key -> virtual stage -> physical stage."""
         self.comm_phases: dict[Any, Any] = {}
-        """`CommLowering`'s planned phases per (collective, ranks, bytes): the cluster's."""
+        """`CommLowering`'s planned phases per (collective, ranks, bytes) and per (collective,
+        group shape, bytes) -- a collective is planned once per shape and renamed onto the
+        other groups of that shape (comm.py) -- and its memoised topology: the cluster's."""
         self.comm_loads: dict[Any, Any] = {}
-        """`CommLowering`'s link loads per (collectives, concurrent groups): the cluster's."""
+        """`CommLowering`'s link loads per (collectives, concurrent groups), and the links one
+        copy of a shape uses: the cluster's."""
         self.layer_costs: dict[Any, Any] = {}
         """One layer's costs per (layer, tp, recompute, GPU, clock, ...) (stage_costs.py)."""
         self.hits = 0

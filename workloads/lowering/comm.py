@@ -31,6 +31,14 @@ that cross nodes pay the network's per-step latency, the others the intra-node c
 cluster's loopback (gloo) phases are left as planned. With algorithm "auto" an all-reduce takes
 the fastest of ring, hierarchical and tree *as priced here*, as NCCL chooses.
 
+**Planning once per shape.** With caches shared between lowerings (a `LoweringCache`), a
+collective is planned once per group `Shape` -- the same GPUs of nodes of one node group, in
+the same order -- and renamed onto every other group of that shape (the 128 data-parallel
+groups of a 1024-GPU plan are a handful of shapes), and the copies counted on a folded task's
+links are only those sharing a node with it (every link belongs to one node). Planned or
+renamed, the phases are the same to the bit (tests/workloads/test_comm_symmetry.py); without a
+shared cache every group is planned, as before.
+
 `cross_unit` runs collectives whose groups span several replica units of a stage (expert-parallel
 all-to-alls, ZeRO-3 parameter gathers) and joins each unit's chain to the groups it touches.
 """
@@ -41,10 +49,11 @@ import math
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trainsim.hwmodels.cluster import Cluster
 from trainsim.hwmodels.collectives import CollectiveModels, collective_models, link_class
-from trainsim.hwmodels.topology import Link
+from trainsim.hwmodels.topology import Link, link_id_of, link_parts
 from trainsim.simulator.collectives import CommPhase, plan_collective
 from trainsim.simulator.task_table import TaskTableBuilder
 from trainsim.workloads.lowering.layout import LoweringLayout
@@ -88,6 +97,21 @@ class MemoTopology:
         self._ranks: dict[int, list[int]] = {}
         self._link: dict[str, Link] = {}
         self._nic: dict[int, str] = {}
+        self._shape: dict[tuple[int, ...], Shape] = {}
+        self._facts: dict[tuple[str, tuple[int, ...], tuple[str, ...]], Any] = {}
+        """`measured_phases`' facts per (phase name, ranks, links)."""
+        self._min_bw: dict[tuple[str, ...], float] = {}
+        """Slowest bandwidth per tuple of link ids (`alone_time_s`)."""
+        self._sym: dict[int, bool] = {}
+        self._placement = cluster.placement()
+        self.translatable = type(cluster).path is Cluster.path \
+            and type(cluster).link is Cluster.link
+        """Whether links are the cluster's own, named per node and GPU (topology.py), so that
+        a collective planned on one group can be renamed onto another of its `Shape` (a
+        subclass with its own links, such as validate's CPU cluster, is planned per group)."""
+        self.renaming = False
+        """Set by `CommLowering` when a shared cache adopts this memo and it is
+        `translatable`: then `wiring_key` answers."""
 
     def nic_name(self, rank: int) -> str:
         """Name of the NIC of `rank`'s node group (``loopback`` on a CPU cluster)."""
@@ -134,6 +158,73 @@ class MemoTopology:
             self._link[link_id] = self.cluster.link(link_id)
         return self._link[link_id]
 
+    def shape(self, group: tuple[int, ...]) -> Shape:
+        """The `Shape` of a group of ranks (remembered)."""
+        found = self._shape.get(group)
+        if found is None:
+            rank_node, rank_local, node_group = self._placement
+            nodes = tuple(sorted({rank_node[r] for r in group}))
+            pos = {n: i for i, n in enumerate(nodes)}
+            on_node: list[list[int]] = [[] for _ in nodes]
+            for r in group:
+                on_node[pos[rank_node[r]]].append(rank_local[r])
+            locals_ = tuple(tuple(sorted(m)) for m in on_node)
+            index = [{g: j for j, g in enumerate(m)} for m in locals_]
+            places = tuple((pos[rank_node[r]], index[pos[rank_node[r]]][rank_local[r]])
+                           for r in group)
+            wiring = tuple(
+                (node_group[n], len(m), _string_order(m)) if self._symmetric(n)
+                else (node_group[n], m) for n, m in zip(nodes, locals_, strict=True))
+            found = self._shape[group] = Shape((places, wiring, _string_order(nodes)),
+                                               nodes, locals_)
+        return found
+
+    def wiring_key(self, ranks: Sequence[int]) -> Hashable | None:
+        """For ranks of one node, a key shared by the same GPUs of any node of its node group
+        (wired alike), so collectives.py finds NCCL's rings for one and reuses them; None for
+        ranks of several nodes, or unless `renaming` (set for a shared cache)."""
+        if not self.renaming:
+            return None
+        rank_node, rank_local, node_group = self._placement
+        node = rank_node[ranks[0]]
+        for r in ranks:
+            if rank_node[r] != node:
+                return None
+        return node_group[node], tuple(rank_local[r] for r in ranks)
+
+    def _symmetric(self, node: int) -> bool:
+        found = self._sym.get(node)
+        if found is None:
+            found = self._sym[node] = self.cluster.node_symmetric(node)
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A group of ranks up to renaming nodes and GPUs (`MemoTopology.shape`).
+
+    Two groups with one `key` are the same collective elsewhere: position by position their
+    ranks sit on nodes of the same node group, in the same node order, at GPUs of the same rank
+    among the group's GPUs of that node -- the same GPUs where the node's GPUs are not all
+    wired alike (NVLink pairs) -- and node ids and GPU indices sort the same way as strings.
+    Every path of one is then the other's with each link renamed to its counterpart, and every
+    sum, tie and sort of link ids in planning goes the same way, so the planned phases are the
+    other's renamed (`CommLowering.phases`)."""
+
+    key: Hashable
+    nodes: tuple[int, ...]
+    """The group's nodes, ascending."""
+    locals: tuple[tuple[int, ...], ...]
+    """Per node, the group's GPUs on it (local indices), ascending."""
+
+
+def _string_order(values: Sequence[int]) -> tuple[int, ...]:
+    """Positions of ascending `values` sorted as the strings link ids spell them (``n<v>.``,
+    ``g<v>.``); () when that is their order (all of as many digits)."""
+    if len(values) < 2 or len(str(values[0])) == len(str(values[-1])):
+        return ()
+    return tuple(sorted(range(len(values)), key=lambda i: f"{values[i]}."))
+
 
 class CommLowering:
     """Plans collectives on a cluster and appends them as tasks to a `TaskTableBuilder`.
@@ -144,40 +235,126 @@ class CommLowering:
         builder: where tasks go (name, kind, stream and link codes are the builder's).
     """
 
+    translate = True
+    """With shared caches (a `LoweringCache`), plan a collective once per group `Shape` and
+    rename it onto the other groups of that shape (the same phases, bit for bit). A lowering
+    without one plans every group, as before issue 15 (the Oracle benchmark's "old" side);
+    tests switch it off to compare."""
+
     def __init__(self, cluster: Cluster, algorithm: str, builder: TaskTableBuilder) -> None:
         self.topology = MemoTopology(cluster)
         self.algorithm = algorithm
         self.builder = builder
         self.links: dict[str, float] = {}
         """Bandwidth of every (possibly virtual ``l/n``) link a task crosses."""
-        self._phase_cache: dict[tuple[str, tuple[int, ...], float], tuple[CommPhase, ...]] = {}
-        self._load_cache: dict[tuple[tuple[Need, ...], tuple[tuple[int, ...], ...]],
-                               dict[str, int]] = {}
+        self._own: dict[Hashable, Any] = {}
+        self._phase_cache: dict[Hashable, Any] = self._own
+        """(kind, group, size) -> phases, and ("shape", kind, signature, size) -> (the group
+        planned, its `Shape`, its phases); a `LoweringCache` shares it between lowerings
+        (lower.py assigns it), and with it the `MemoTopology` (key "topology")."""
+        self._load_cache: dict[Hashable, Any] = {}
+        """(needs, copies) -> link loads, and ("used", needs, signature) -> the links one copy
+        uses; shared like `_phase_cache`."""
         self._template_cache: dict[tuple[tuple[Need, ...], Hashable], Template] = {}
 
+    def _renaming(self) -> bool:
+        """Whether to plan per shape (module docstring of `translate`); adopts the shared
+        `MemoTopology` when caches are shared."""
+        if self._phase_cache is self._own or not self.translate:
+            return False
+        topology = self._phase_cache.get("topology")
+        if topology is None:
+            topology = self._phase_cache["topology"] = self.topology
+        self.topology = topology
+        topology.renaming = topology.translatable
+        return topology.renaming
+
     def phases(self, kind: str, group: tuple[int, ...], size: float) -> tuple[CommPhase, ...]:
-        """The planned phases of one collective on physical ranks `group` (cached)."""
+        """The planned phases of one collective on physical ranks `group` (cached).
+
+        A collective is planned once per group *shape* (`MemoTopology.shape`); another group
+        of that shape gets the planned phases renamed to its ranks and links, which is what
+        planning it would give, bit for bit (tests/workloads/test_comm_symmetry.py)."""
         key = (kind, group, size)
-        if key not in self._phase_cache:
+        found = self._phase_cache.get(key)
+        if found is None:
+            found = self._phase_cache[key] = self._planned(kind, group, size)
+        return found
+
+    def _planned(self, kind: str, group: tuple[int, ...], size: float
+                 ) -> tuple[CommPhase, ...]:
+        if not self._renaming():
             algorithm = self.algorithm if kind == "all_reduce" else "auto"
-            self._phase_cache[key] = tuple(
-                plan_measured(kind, group, size, self.topology, algorithm))
-        return self._phase_cache[key]
+            return tuple(plan_measured(kind, group, size, self.topology, algorithm))
+        shape = self.topology.shape(group)
+        shape_key = ("shape", kind, shape.key, size)
+        entry = self._phase_cache.get(shape_key)
+        if entry is None:
+            algorithm = self.algorithm if kind == "all_reduce" else "auto"
+            phases = tuple(plan_measured(kind, group, size, self.topology, algorithm))
+            self._phase_cache[shape_key] = (group, shape, phases)
+            return phases
+        rep_group, rep_shape, phases = entry
+        return _translated(rep_group, rep_shape, phases, group, shape)
 
     def link_load(self, needs: Sequence[Need], copies: Sequence[tuple[int, ...]]
                   ) -> dict[str, int]:
-        """How many of the concurrent `copies` cross each link (a copy counts once per link)."""
-        key = (tuple(needs), tuple(copies))
-        if key not in self._load_cache:
-            load: Counter[str] = Counter()
+        """How many of the concurrent `copies` cross each link (a copy counts once per link).
+
+        The links a copy uses are worked out once per group `Shape` (as node position, GPU
+        position and the rest of the id) and renamed onto each copy's nodes and GPUs."""
+        chain = tuple(needs)
+        key = (chain, tuple(copies))
+        found = self._load_cache.get(key)
+        if found is None and not self._renaming():
+            count: Counter[str] = Counter()
             for group in copies:
-                used: set[str] = set()
-                for kind, size in needs:
-                    for phase in self.phases(kind, group, size):
-                        used.update(phase.links)
-                load.update(used)
-            self._load_cache[key] = dict(load)
-        return self._load_cache[key]
+                count.update({lid for kind, size in chain
+                              for phase in self.phases(kind, group, size)
+                              for lid in phase.links})
+            found = self._load_cache[key] = dict(count)
+        elif found is None:
+            load: dict[str, int] = {}
+            shape_of = self.topology.shape
+            for group in copies:
+                shape = shape_of(group)
+                nodes, locals_ = shape.nodes, shape.locals
+                for pos, j, rest in self._used(chain, group, shape):
+                    lid = link_id_of(nodes[pos], None if j is None else locals_[pos][j], rest)
+                    load[lid] = load.get(lid, 0) + 1
+            found = self._load_cache[key] = load
+        return found
+
+    def _near_load(self, needs: tuple[Need, ...], copies: tuple[tuple[int, ...], ...]
+                   ) -> dict[str, int]:
+        """`link_load` where `_template` reads it: on the links of `copies[0]`. Every link
+        belongs to one node, so with renaming on only the copies that share a node with the
+        first are counted (the rest cannot cross its links)."""
+        if not self._renaming():
+            return self.link_load(needs, copies)
+        rank_node = self.topology._placement[0]
+        mine = {rank_node[r] for r in copies[0]}
+        near = [g for g in copies if not mine.isdisjoint([rank_node[r] for r in g])]
+        return self.link_load(needs, near)
+
+    def _used(self, needs: tuple[Need, ...], group: tuple[int, ...], shape: Shape
+              ) -> tuple[tuple[int, int | None, str], ...]:
+        """Links one copy of `needs` over `group` uses, as (node position, GPU position or
+        None, rest of the id): `link_load`'s per-shape part."""
+        key = ("used", needs, shape.key)
+        found = self._load_cache.get(key)
+        if found is None:
+            pos = {n: i for i, n in enumerate(shape.nodes)}
+            used: set[tuple[int, int | None, str]] = set()
+            for kind, size in needs:
+                for phase in self.phases(kind, group, size):
+                    for lid in phase.links:
+                        node, local, rest = link_parts(lid)
+                        p = pos[node]
+                        used.add((p, None if local is None else shape.locals[p].index(local),
+                                  rest))
+            found = self._load_cache[key] = tuple(used)
+        return found
 
     def tasks(self, needs: Sequence[Need], *, name: int, arg: int, kind: int, stream: int,
               prog_ranks: tuple[int, ...], copies: Sequence[tuple[int, ...]],
@@ -246,7 +423,7 @@ class CommLowering:
         group = copies[0]
         phases = [ph for k, size in needs if size > 0 for ph in self.phases(k, group, size)] \
             if len(group) >= 2 else []
-        load = self.link_load(needs, copies) if len(copies) > 1 and phases else {}
+        load = self._near_load(needs, copies) if len(copies) > 1 and phases else {}
         for merged in merge_phases(phases):
             links: list[int] = []
             for link in merged.links if merged.bytes_per_link > 0 else ():
@@ -322,6 +499,29 @@ def _folded_cross_class(comm: CommLowering, layout: LoweringLayout, s: int,
         for u in members:
             out[u] = ids[-1:] or last[u]
     return out
+
+
+def _translated(rep_group: tuple[int, ...], rep: Shape, phases: tuple[CommPhase, ...],
+                group: tuple[int, ...], shape: Shape) -> tuple[CommPhase, ...]:
+    """`phases` planned on `rep_group` renamed onto `group` of the same shape: ranks position
+    by position, each link to the same link of the corresponding node and GPU (ids re-sorted)."""
+    if rep_group == group:
+        return phases
+    rank = dict(zip(rep_group, group, strict=True))
+    node = dict(zip(rep.nodes, range(len(rep.nodes)), strict=True))
+    out = []
+    for ph in phases:
+        links = []
+        for lid in ph.links:
+            n, local, rest = link_parts(lid)
+            p = node[n]
+            if local is not None:
+                local = shape.locals[p][rep.locals[p].index(local)]
+            links.append(link_id_of(shape.nodes[p], local, rest))
+        out.append(CommPhase(name=ph.name, ranks=tuple(rank[r] for r in ph.ranks),
+                             latency_s=ph.latency_s, bytes_per_link=ph.bytes_per_link,
+                             links=tuple(sorted(links))))
+    return tuple(out)
 
 
 def merge_phases(phases: Sequence[CommPhase]) -> list[CommPhase]:
@@ -400,38 +600,62 @@ def _intra_class(ranks: Sequence[int], topology: MemoTopology, models: Collectiv
     return None
 
 
+_ABSENT = object()
+
+PhaseFacts = tuple[str, str, float, int, int, "str | None", int]
+"""(collective kind, link class, slowest link's bandwidth, steps, inter-node steps, intra-node
+class, nodes) of a planned phase: what `measured_phases` prices it by."""
+
+
+def _phase_facts(ph: CommPhase, topology: MemoTopology, models: CollectiveModels
+                 ) -> PhaseFacts | None:
+    """What pricing reads of a phase's name, ranks and links (not its size); None where it is
+    left as planned (a phase the model does not know, gloo over loopback)."""
+    kind = _PHASE_KIND.get(ph.name)
+    if kind is None or len(ph.ranks) < 2:
+        return None
+    links = ([topology.link(lid) for lid in ph.links] if ph.links
+             else list(topology.path(ph.ranks[0], ph.ranks[1])))
+    slowest = _slowest(links)
+    nodes = len({topology.node_of(r) for r in ph.ranks})
+    # across nodes NCCL runs over the network (tuning.cc: hw = NET when nNodes > 1), even
+    # where a GPU's PCIe path to the NIC is the slowest link
+    nics = [link for link in links if link.kind == "nic"] if nodes > 1 else []
+    cls = _class_of(_slowest(nics) if nics else slowest, topology, ph.ranks[0], models)
+    if models.classes[cls].step_s is None:  # gloo over loopback: fitted as planned
+        return None
+    steps, inter = _phase_steps(ph.name, len(ph.ranks), nodes)
+    intra = _intra_class(ph.ranks, topology, models) if nodes > 1 else cls
+    if intra is not None and models.classes[intra].step_s is None:
+        intra = cls
+    return kind, cls, slowest.bandwidth_bytes_per_s, steps, inter, intra, nodes
+
+
 def measured_phases(phases: Sequence[CommPhase], topology: MemoTopology,
                     models: CollectiveModels | None = None) -> list[CommPhase]:
     """Price planned `phases` (one collective) with the link-class models (module docstring)."""
+    default = models is None
     models = models or collective_models()
     out: list[CommPhase] = []
     for i, ph in enumerate(phases):
-        kind = _PHASE_KIND.get(ph.name)
-        if kind is None or len(ph.ranks) < 2:  # a phase this model does not know: as planned
+        if default:  # what pricing reads of the phase's links and ranks, remembered
+            key = (ph.name, ph.ranks, ph.links)
+            facts = topology._facts.get(key, _ABSENT)
+            if facts is _ABSENT:
+                facts = topology._facts[key] = _phase_facts(ph, topology, models)
+        else:
+            facts = _phase_facts(ph, topology, models)
+        if facts is None:  # a phase this model does not know, or gloo: as planned
             out.append(ph)
             continue
-        links = ([topology.link(lid) for lid in ph.links] if ph.links
-                 else list(topology.path(ph.ranks[0], ph.ranks[1])))
-        slowest = _slowest(links)
-        nodes = len({topology.node_of(r) for r in ph.ranks})
-        # across nodes NCCL runs over the network (tuning.cc: hw = NET when nNodes > 1), even
-        # where a GPU's PCIe path to the NIC is the slowest link
-        nics = [link for link in links if link.kind == "nic"] if nodes > 1 else []
-        cls = _class_of(_slowest(nics) if nics else slowest, topology, ph.ranks[0], models)
-        if models.classes[cls].step_s is None:  # gloo over loopback: fitted as planned
-            out.append(ph)
-            continue
-        steps, inter = _phase_steps(ph.name, len(ph.ranks), nodes)
-        intra = _intra_class(ph.ranks, topology, models) if nodes > 1 else cls
-        if intra is not None and models.classes[intra].step_s is None:
-            intra = cls
+        kind, cls, slowest_bw, steps, inter, intra, nodes = facts
         price = models.price(kind, cls, steps=steps, volume_bytes=ph.bytes_per_link,
-                             bandwidth_bytes_per_s=slowest.bandwidth_bytes_per_s,
+                             bandwidth_bytes_per_s=slowest_bw,
                              first=i == 0, inter_steps=inter, intra_class_name=intra,
                              multi_node=nodes > 1, tree=ph.name == "tree_all_reduce")
         overhead, volume = 0.0, ph.bytes_per_link
         if volume > 0 and price.efficiency < 1.0:
-            overhead = volume / slowest.bandwidth_bytes_per_s * (1.0 / price.efficiency - 1.0)
+            overhead = volume / slowest_bw * (1.0 / price.efficiency - 1.0)
         elif volume > 0:  # NVLink SHARP: the switch reduces, fewer bytes cross the links
             volume /= price.efficiency
         out.append(CommPhase(name=ph.name, ranks=ph.ranks,
@@ -446,8 +670,11 @@ def alone_time_s(phases: Sequence[CommPhase], topology: MemoTopology) -> float:
     for ph in phases:
         total += ph.latency_s
         if ph.bytes_per_link > 0:
-            total += ph.bytes_per_link / min(topology.link(lid).bandwidth_bytes_per_s
-                                             for lid in ph.links)
+            slowest = topology._min_bw.get(ph.links)
+            if slowest is None:
+                slowest = topology._min_bw[ph.links] = min(
+                    topology.link(lid).bandwidth_bytes_per_s for lid in ph.links)
+            total += ph.bytes_per_link / slowest
     return total
 
 
@@ -475,6 +702,6 @@ def plan_measured(kind: str, group: tuple[int, ...], size: float, topology: Memo
     return best[1]
 
 
-__all__ = ["NO_META", "CommLowering", "MemoTopology", "Meta", "Need", "PlannedComm", "Template",
-           "alone_time_s", "cross_unit", "kind_of", "measured_phases", "merge_phases",
+__all__ = ["NO_META", "CommLowering", "MemoTopology", "Meta", "Need", "PlannedComm", "Shape",
+           "Template", "alone_time_s", "cross_unit", "kind_of", "measured_phases", "merge_phases",
            "plan_measured"]

@@ -1,0 +1,145 @@
+"""Compiled helpers for large task tables: a counting sort and a per-row repeat check.
+
+An unfolded program of a thousand GPUs has over a million tasks and several million deps,
+members and links (GPT-3 175B on 1024 GPUs: 1.2 M tasks, 4.5 M deps). Grouping those by a
+small integer key (deps by the task they wait for, members by their (rank, stream) queue) is a
+stable sort, which numpy does by comparison (timsort) at O(n log n); keys bounded by the task
+or queue count sort in one counting pass instead. Checking that no task lists a rank or a link
+twice needs no sort at all, only a look along each (short) row. Both give exactly the numpy
+results they replace (tests/simulator/test_csr_numba.py); task_table.py and program.py use
+them from 10,000 items on (their `_LARGE`), so small programs never import numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _counting_order(keys: np.ndarray, num_keys: int) -> np.ndarray:  # pragma: no cover
+    starts = np.zeros(num_keys + 1, np.int64)
+    for k in keys:
+        starts[k + 1] += 1
+    for k in range(num_keys):
+        starts[k + 1] += starts[k]
+    order = np.empty(len(keys), np.int64)
+    for i in range(len(keys)):
+        k = keys[i]
+        order[starts[k]] = i
+        starts[k] += 1
+    return order
+
+
+def counting_order(keys: np.ndarray, num_keys: int) -> np.ndarray:
+    """`np.argsort(keys, kind="stable")` for integer keys in 0..num_keys-1, in O(n + keys)."""
+    return _counting_order(np.ascontiguousarray(keys, dtype=np.int64), int(num_keys))
+
+
+@njit(cache=True)
+def _reverse(ptr: np.ndarray, idx: np.ndarray, n: int
+             ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+    out_ptr = np.zeros(n + 1, np.int64)
+    for d in idx:
+        out_ptr[d + 1] += 1
+    for k in range(n):
+        out_ptr[k + 1] += out_ptr[k]
+    fill = out_ptr[:-1].copy()
+    out = np.empty(len(idx), np.int64)
+    for t in range(len(ptr) - 1):
+        for i in range(ptr[t], ptr[t + 1]):
+            d = idx[i]
+            out[fill[d]] = t
+            fill[d] += 1
+    return out_ptr, out
+
+
+def reverse_csr(ptr: np.ndarray, idx: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR of rows listing each value: row d of the result holds, ascending, every row t
+    of (`ptr`, `idx`) whose list holds d (once per time it does); values in 0..n-1."""
+    return _reverse(np.ascontiguousarray(ptr, dtype=np.int64),
+                    np.ascontiguousarray(idx, dtype=np.int64), int(n))
+
+
+@njit(cache=True)
+def _queues(member_ptr: np.ndarray, member_rank: np.ndarray, stream_code: np.ndarray,
+            num_streams: int, num_keys: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    n = len(member_ptr) - 1
+    m = len(member_rank)
+    key = np.empty(m, np.int64)
+    task = np.empty(m, np.int64)
+    count = np.zeros(num_keys, np.int64)
+    for t in range(n):
+        for i in range(member_ptr[t], member_ptr[t + 1]):
+            k = np.int64(member_rank[i]) * num_streams + stream_code[t]
+            key[i] = k
+            task[i] = t
+            count[k] += 1
+    queues = 0
+    for k in range(num_keys):
+        if count[k]:
+            queues += 1
+    queue_ptr = np.empty(queues + 1, np.int64)
+    queue_keys = np.empty(queues, np.int64)
+    index = np.full(num_keys, -1, np.int64)
+    fill = np.empty(num_keys, np.int64)
+    q, at = 0, 0
+    for k in range(num_keys):
+        if count[k]:
+            index[k] = q
+            queue_keys[q] = k
+            queue_ptr[q] = at
+            fill[k] = at
+            at += count[k]
+            q += 1
+    queue_ptr[queues] = at
+    queue_task = np.empty(m, np.int64)
+    member_queue = np.empty(m, np.int32)
+    member_pos = np.empty(m, np.int64)
+    for i in range(m):
+        k = key[i]
+        q = index[k]
+        queue_task[fill[k]] = task[i]
+        member_queue[i] = q
+        member_pos[i] = fill[k] - queue_ptr[q]
+        fill[k] += 1
+    return queue_ptr, queue_task, queue_keys, member_queue, member_pos
+
+
+def queues(member_ptr: np.ndarray, member_rank: np.ndarray, stream_code: np.ndarray,
+           num_streams: int, num_ranks: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(queue_ptr, queue_task, queue keys, member_queue, member_pos) of the (rank, stream)
+    queues, key = rank * num_streams + stream, as `FrozenProgram.from_program` defines them
+    (queues sorted by key, each in task order), in one counting pass."""
+    return _queues(np.ascontiguousarray(member_ptr, dtype=np.int64),
+                   np.ascontiguousarray(member_rank, dtype=np.int64),
+                   np.ascontiguousarray(stream_code, dtype=np.int64), int(num_streams),
+                   int(num_streams) * max(int(num_ranks), 1))
+
+
+@njit(cache=True)
+def _rows_with_repeats(ptr: np.ndarray, values: np.ndarray) -> np.ndarray:  # pragma: no cover
+    n = len(ptr) - 1
+    out = np.zeros(n, np.bool_)
+    for t in range(n):
+        a, b = ptr[t], ptr[t + 1]
+        for i in range(a + 1, b):
+            v = values[i]
+            for j in range(a, i):
+                if values[j] == v:
+                    out[t] = True
+                    break
+            if out[t]:
+                break
+    return out
+
+
+def rows_with_repeats(ptr: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per CSR row (`values[ptr[t]:ptr[t+1]]`), whether some value appears twice in it."""
+    return _rows_with_repeats(np.ascontiguousarray(ptr, dtype=np.int64),
+                              np.ascontiguousarray(values, dtype=np.int64))
+
+
+__all__ = ["counting_order", "queues", "reverse_csr", "rows_with_repeats"]

@@ -1,0 +1,119 @@
+"""The large-table kernels (simulator/csr_numba.py) and the task-table paths that use them give
+exactly what the numpy code they stand in for gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainsim.simulator import task_table
+from trainsim.simulator.csr_numba import counting_order, reverse_csr, rows_with_repeats
+from trainsim.simulator.engine_numba import successors
+from trainsim.simulator.random_program import random_program
+from trainsim.simulator.task_table import TaskTableBuilder
+
+
+def _csr(rng: np.random.Generator, rows: int, values: int, most: int
+         ) -> tuple[np.ndarray, np.ndarray]:
+    counts = rng.integers(0, most + 1, rows)
+    ptr = np.zeros(rows + 1, np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr, rng.integers(0, values, int(ptr[-1]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_counting_order_is_a_stable_argsort(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 37, 5000)
+    np.testing.assert_array_equal(counting_order(keys, 37), np.argsort(keys, kind="stable"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reverse_csr_matches_the_sorted_reverse(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ptr, idx = _csr(rng, 300, 300, 5)
+    out_ptr, out = reverse_csr(ptr, idx, 300)
+    owner = np.repeat(np.arange(300), np.diff(ptr))
+    np.testing.assert_array_equal(out, owner[np.argsort(idx, kind="stable")])
+    np.testing.assert_array_equal(np.diff(out_ptr), np.bincount(idx, minlength=300))
+
+
+def test_successors_of_a_program() -> None:
+    frozen = random_program(3, 4, 200).freeze()
+    ptr, idx = successors(frozen)
+    owner = np.repeat(np.arange(frozen.num_tasks), np.diff(frozen.dep_ptr))
+    np.testing.assert_array_equal(idx, owner[np.argsort(frozen.dep_idx, kind="stable")])
+    assert ptr[-1] == len(frozen.dep_idx)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_with_repeats_matches_the_sorted_check(seed: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(seed)
+    ptr, values = _csr(rng, 2000, 40, 6)
+    owner = np.repeat(np.arange(2000), np.diff(ptr))
+    want = task_table._repeats(ptr, values, owner, 2000)  # numpy (small input)
+    assert want.any() and not want.all()
+    np.testing.assert_array_equal(rows_with_repeats(ptr, values), want)
+    monkeypatch.setattr(task_table, "_LARGE", 0)  # the compiled path through the table code
+    np.testing.assert_array_equal(task_table._repeats(ptr, values, owner, 2000), want)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_late_deps_merge_as_a_stable_sort_by_owner(seed: int) -> None:
+    """Each task's own deps first, then its late deps in the order added (the old sort)."""
+    rng = np.random.default_rng(seed)
+    b = TaskTableBuilder()
+    n = 400
+    for t in range(n):
+        deps = sorted(rng.choice(t, size=min(t, int(rng.integers(0, 4))), replace=False)) \
+            if t else []
+        b.add(0, -1, 0, 0, (0,), 1.0, 0.0, (), [int(d) for d in deps], 0.0, 0.0, 0.0,
+              float("nan"), -1, -1, -1, -1)
+    for _ in range(900):
+        t = int(rng.integers(1, n))
+        b.add_dep(t, int(rng.integers(0, t)))
+    table = b.build()
+    owner = np.r_[np.repeat(np.arange(n), b.dep_count), b.late_owner]
+    order = np.argsort(owner, kind="stable")
+    np.testing.assert_array_equal(table.dep_idx, np.r_[b.dep_idx, b.late_dep][order])
+    np.testing.assert_array_equal(np.diff(table.dep_ptr), np.bincount(owner, minlength=n))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_freezing_with_the_counting_sort_gives_the_same_queues(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainsim.simulator import program as program_module
+
+    prog = random_program(seed, 6, 400)
+    monkeypatch.setattr(program_module, "_LARGE", 10**12)
+    want = prog.freeze()
+    monkeypatch.setattr(program_module, "_LARGE", 0)
+    got = prog.freeze()
+    for name in ("member_queue", "member_pos", "queue_ptr", "queue_task", "queue_rank",
+                 "queue_stream"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+        assert getattr(got, name).dtype == getattr(want, name).dtype, name
+
+
+def test_queues_of_an_unfolded_lowering_match_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real program (several streams, collectives over many ranks): the compiled queues
+    equal numpy's."""
+    from trainsim.hwmodels.cluster import parse_cluster
+    from trainsim.simulator import program as program_module
+    from trainsim.workloads.lowering import LoweringOptions, lower
+    from trainsim.workloads.plan import ParallelPlan
+    from trainsim.workloads.zoo import get_model
+
+    model, cluster = get_model("gpt3-350m"), parse_cluster("2x4xA100-SXM4-80GB")
+    plan = ParallelPlan.build(model, cluster, dp=2, tp=2, pp=2, num_micro_batches=4,
+                              seq_len=256)
+    prog = lower(model, cluster, plan, LoweringOptions(fold=False))
+    monkeypatch.setattr(program_module, "_LARGE", 10**12)
+    want = prog.freeze()
+    monkeypatch.setattr(program_module, "_LARGE", 0)
+    got = prog.freeze()
+    for name in ("member_queue", "member_pos", "queue_ptr", "queue_task", "queue_rank",
+                 "queue_stream"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+        assert getattr(got, name).dtype == getattr(want, name).dtype, name
