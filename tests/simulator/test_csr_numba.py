@@ -3,6 +3,8 @@ exactly what the numpy code they stand in for gives."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -83,9 +85,14 @@ def test_late_deps_merge_as_a_stable_sort_by_owner(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(3))
 def test_freezing_with_the_counting_sort_gives_the_same_queues(
         seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    _assert_compiled_queues_match_numpy(random_program(seed, 6, 400), monkeypatch)
+
+
+def _assert_compiled_queues_match_numpy(prog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Freezing `prog` with the compiled kernels (threshold 0) and with numpy (threshold out of
+    reach) gives the same queue arrays, dtypes included."""
     from trainsim.simulator import program as program_module
 
-    prog = random_program(seed, 6, 400)
     monkeypatch.setattr(program_module, "_LARGE", 10**12)
     want = prog.freeze()
     monkeypatch.setattr(program_module, "_LARGE", 0)
@@ -100,7 +107,6 @@ def test_queues_of_an_unfolded_lowering_match_numpy(monkeypatch: pytest.MonkeyPa
     """A real program (several streams, collectives over many ranks): the compiled queues
     equal numpy's."""
     from trainsim.hwmodels.cluster import parse_cluster
-    from trainsim.simulator import program as program_module
     from trainsim.workloads.lowering import LoweringOptions, lower
     from trainsim.workloads.plan import ParallelPlan
     from trainsim.workloads.zoo import get_model
@@ -108,12 +114,5 @@ def test_queues_of_an_unfolded_lowering_match_numpy(monkeypatch: pytest.MonkeyPa
     model, cluster = get_model("gpt3-350m"), parse_cluster("2x4xA100-SXM4-80GB")
     plan = ParallelPlan.build(model, cluster, dp=2, tp=2, pp=2, num_micro_batches=4,
                               seq_len=256)
-    prog = lower(model, cluster, plan, LoweringOptions(fold=False))
-    monkeypatch.setattr(program_module, "_LARGE", 10**12)
-    want = prog.freeze()
-    monkeypatch.setattr(program_module, "_LARGE", 0)
-    got = prog.freeze()
-    for name in ("member_queue", "member_pos", "queue_ptr", "queue_task", "queue_rank",
-                 "queue_stream"):
-        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
-        assert getattr(got, name).dtype == getattr(want, name).dtype, name
+    _assert_compiled_queues_match_numpy(lower(model, cluster, plan, LoweringOptions(fold=False)),
+                                        monkeypatch)
