@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainsim.errors import SpecError, TraceError, TrainsimError, UnknownNameError, unknown_name
 from trainsim.hwmodels.calibration import Calibration, load_calibration
@@ -31,12 +31,6 @@ from trainsim.search.aceso.profile import aceso_lowering_options
 from trainsim.search.energy.outputs import PLAN_FILES
 from trainsim.search.exports import search_output_files
 from trainsim.search.hetero.objectives import with_prices
-from trainsim.search.hetero.pareto import ParetoPoint
-from trainsim.search.hetero.sweep import compositions, parse_range
-from trainsim.search.hetero.sweep import sweep as sweep_compositions
-from trainsim.search.intraop.pipeline import METHOD as PIPELINE_METHOD
-from trainsim.search.intraop.pipeline import PipelineResult, run_intraop_pp
-from trainsim.search.intraop.planner import IntraopResult, run_intraop
 from trainsim.search.methods import get_planner
 from trainsim.search.microbatch.planner import METHODS as MICROBATCH_METHODS
 from trainsim.search.microbatch.planner import MethodResult, MicroBatchPlanner
@@ -78,6 +72,11 @@ from trainsim.workloads.plan_defaults import plan_fields
 from trainsim.workloads.plan_file import PlanFile, plan_file_text, read_plan_file
 from trainsim.workloads.zoo import get_model
 from trainsim.workloads.zoo import list_models as zoo_names
+
+if TYPE_CHECKING:  # the planners behind these load scipy.optimize: imported where used
+    from trainsim.search.hetero.pareto import ParetoPoint
+    from trainsim.search.intraop.pipeline import PipelineResult
+    from trainsim.search.intraop.planner import IntraopResult
 
 __all__ = [
     "ENGINES",
@@ -468,6 +467,11 @@ def intraop(model: str | ModelSpec, cluster: str | Cluster, *, method: str = "in
         SpecError: bad method, mesh or model. IntraopMemoryError: no plan fits the limit (the
             message names the smallest limit any plan meets).
     """
+    # deferred: start-up time (scipy.optimize, for `sim search --method intraop` alone)
+    from trainsim.search.intraop.pipeline import METHOD as PIPELINE_METHOD
+    from trainsim.search.intraop.pipeline import run_intraop_pp  # deferred: start-up time
+    from trainsim.search.intraop.planner import run_intraop  # deferred: start-up time
+
     if method == PIPELINE_METHOD:  # pipeline stages × per-stage CFP (search/intraop/pipeline.py)
         return run_intraop_pp(load_model(model), load_cluster(cluster),
                               global_batch=global_batch, mesh=mesh,
@@ -516,6 +520,12 @@ def pareto(model: str | ModelSpec, gpus: Sequence[str], *, global_batch: int,
     """Plan every cluster composition of the `gpus` ranges ("A10:0..8x4": 0 to 8 nodes of 4
     A10s) with the heterogeneous planner, one `ParetoPoint` (best plan, tokens/s, $ per 1M
     tokens) each; `pareto_mask` marks the cost–throughput front."""
+    # deferred: start-up time (the heterogeneous planner, for `sim pareto` alone)
+    from trainsim.search.hetero.sweep import compositions, parse_range
+    from trainsim.search.hetero.sweep import (  # deferred: start-up time
+        sweep as sweep_compositions,
+    )
+
     spec = load_model(model)
     specs = compositions([parse_range(g) for g in gpus])
     swept = {r.gpu for r in (parse_range(g) for g in gpus)}

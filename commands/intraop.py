@@ -14,6 +14,7 @@ plan meets is one line naming the smallest limit any plan meets, exit 3.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -21,9 +22,11 @@ from rich.table import Table
 
 from trainsim import api
 from trainsim.commands.output import check_out_dir, dumps
-from trainsim.search.intraop.pipeline import PipelineResult
-from trainsim.search.intraop.planner import IntraopMemoryError, IntraopResult
 from trainsim.simulator.timeline_plot import write_timeline_html
+
+if TYPE_CHECKING:  # the planners load scipy.optimize: imported when the command runs
+    from trainsim.search.intraop.pipeline import PipelineResult
+    from trainsim.search.intraop.planner import IntraopResult
 
 INTRAOP_METHODS = ("intraop", "alpa", "megatron", "intraop-pp")
 OUTPUT_FILES = ("intraop_plan.json", "intraop_summary.txt", "intraop_timeline.html")
@@ -34,6 +37,9 @@ def intraop_search(*, method: str, model: str, cluster: str, global_batch: int,
                    mesh: str | None, memory_limit_gb: float | None, time_limit_s: float,
                    out: Path | None, force: bool, as_json: bool) -> None:
     """Search, print, write; exit 3 when no plan fits the memory limit."""
+    # deferred: start-up time (scipy.optimize behind the intra-op planners)
+    from trainsim.search.intraop.planner import IntraopMemoryError, IntraopResult
+
     check_out_dir(out, OUTPUT_FILES, force)
     try:
         result = api.intraop(model, cluster, method=method, global_batch=global_batch,

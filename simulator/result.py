@@ -281,7 +281,7 @@ def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
     order = np.argsort(starts, kind="stable")
     s, e = starts[order], ends[order]
     reach = np.maximum.accumulate(e)
-    prev = np.r_[s[0], reach[:-1]]
+    prev = np.concatenate((s[:1], reach[:-1]))
     return float(np.maximum(e - np.maximum(s, prev), 0.0).sum())
 
 
@@ -404,11 +404,17 @@ def _rank_records(program: Program, fp: FrozenProgram, rows: _Rows, *, timelines
     row_len, row_energy = rows.length, rows.energy
     # Memory events; class 0 = end of a task that started earlier, 1 = start, 2 = end of a
     # zero-length task (program.py: order within one instant).
-    ev_rank = np.r_[row_rank, row_rank]
-    ev_time = np.r_[row_start, row_end]
-    ev_class = np.r_[np.ones(len(row_task), np.int64), np.where(row_len > 0, 0, 2)]
-    ev_task = np.r_[row_task, row_task]
-    ev_delta = np.r_[fp.mem_alloc_bytes[row_task], -fp.mem_free_bytes[row_task]]
+    # Only rows that allocate or free make events (the others' would be dropped below), in
+    # row order, so the kept events and their order are those of every row's.
+    alloc, free = fp.mem_alloc_bytes[row_task], fp.mem_free_bytes[row_task]
+    moves = np.flatnonzero((alloc != 0) | (free != 0))
+    m_rank, m_task = row_rank[moves], row_task[moves]
+    ev_rank = np.concatenate((m_rank, m_rank))
+    ev_time = np.concatenate((row_start[moves], row_end[moves]))
+    ev_class = np.concatenate((np.ones(len(moves), np.int64),
+                               np.where(row_len[moves] > 0, 0, 2)))
+    ev_task = np.concatenate((m_task, m_task))
+    ev_delta = np.concatenate((alloc[moves], -free[moves]))
     keep = ev_delta != 0
     ev_rank, ev_time, ev_class, ev_task, ev_delta = (
         a[keep] for a in (ev_rank, ev_time, ev_class, ev_task, ev_delta)
@@ -421,7 +427,8 @@ def _rank_records(program: Program, fp: FrozenProgram, rows: _Rows, *, timelines
     mem_bytes: list[np.ndarray] = []
     # Power events: +power at start, −power at end of powered-stream tasks.
     p_rows = np.flatnonzero(rows.powered)
-    p_order = np.lexsort((row_task[p_rows], row_rank[p_rows]))
+    # by rank, then task: rows come in task order, so a stable sort by rank is that order
+    p_order = np.argsort(row_rank[p_rows], kind="stable")
     p_rows = p_rows[p_order]
     p_bounds = np.searchsorted(row_rank[p_rows], np.arange(num_ranks + 1))
     pow_rank: list[np.ndarray] = []
@@ -435,11 +442,12 @@ def _rank_records(program: Program, fp: FrozenProgram, rows: _Rows, *, timelines
         static = float(fp.static_memory_bytes[rank])
         cap = float(fp.memory_capacity_bytes[rank])
         lo, hi = bounds[rank], bounds[rank + 1]
-        running = np.cumsum(np.r_[static, ev_delta[lo:hi]])
+        running = np.cumsum(np.concatenate(([static], ev_delta[lo:hi])))
         peak = float(running.max())
         over = np.flatnonzero(running > cap)
         oom = len(over) > 0
-        oom_time = float(np.r_[0.0, ev_time[lo:hi]][over[0]]) if oom else None
+        oom_time = (float(np.concatenate(([0.0], ev_time[lo:hi]))[over[0]]) if oom
+                    else None)
 
         rank_rows = p_rows[p_bounds[rank] : p_bounds[rank + 1]]
         busy = _union_length(row_start[rank_rows], row_end[rank_rows])

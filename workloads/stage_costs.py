@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from trainsim.workloads.model import Layer
 from trainsim.workloads.op_parallel import OpDegrees, op_parallel_costs
@@ -60,7 +60,8 @@ def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
             else:
                 cache[key] = _layer_costs(layer, tp=tp, sp=sp, ep=ep, recompute=recompute,
                                           names=names, cost_model=cost_model, gpu=gpu,
-                                          freq_mhz=freq_mhz, dtype=dtype)
+                                          freq_mhz=freq_mhz, dtype=dtype,
+                                          layer_cache=layer_cache)
                 if layer_cache is not None:
                     layer_cache[(key, shared)] = (layer, cache[key])
         total.add(cache[key])
@@ -105,24 +106,49 @@ class _LayerSum:
         self.params += other.params
 
 
+_OpWork = tuple[Any, tuple[Work, Work, Work, Work], str, list[CommNeed], list[CommNeed]]
+"""(sharded op, its (forward, backward, input-grad, weight-grad) work, "_ep" or "", forward
+needs, backward needs): what a layer's costs read of each op, whatever the recompute policy."""
+
+
+def _op_works(layer: Layer, *, tp: int, sp: bool, ep: int, cost_model: Any, gpu: Any,
+              freq_mhz: float | None, dtype: str,
+              layer_cache: dict[Any, Any] | None) -> tuple[_OpWork, ...]:
+    """Each sharded op of `layer` and its work (`_OpWork`), kept in `layer_cache` (if given)
+    for the layer's other recompute policies."""
+    key = ("ops", id(layer), id(cost_model), gpu.name, tp, sp, ep, freq_mhz, dtype)
+    kept = layer_cache.get(key) if layer_cache is not None else None
+    if kept is not None and kept[0] is layer:
+        return cast(tuple[_OpWork, ...], kept[1])
+    out = []
+    for op in layer.sharded_ops(tp, sp, ep):
+        sharding = op.shardings[0]
+        out.append((op, op_pass_work(cost_model, gpu, op, freq_mhz, dtype),
+                    "_ep" if sharding.name == "expert" else "",
+                    [c for c in sharding.comm if c.phase == "fwd"],
+                    [c for c in sharding.comm if c.phase == "bwd"]))
+    works = tuple(out)
+    if layer_cache is not None:
+        layer_cache[key] = (layer, works)
+    return works
+
+
 def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | tuple[str, ...],
                  names: set[str], cost_model: Any, gpu: Any, freq_mhz: float | None,
-                 dtype: str) -> _LayerSum:
+                 dtype: str, layer_cache: dict[Any, Any] | None = None) -> _LayerSum:
     """One layer's costs. Collectives of expert-sharded ops (MoE dispatch/combine all-to-alls)
     run over the expert-parallel group, every other op's over the tensor-parallel group."""
-    ops = layer.sharded_ops(tp, sp, ep)
+    works = _op_works(layer, tp=tp, sp=sp, ep=ep, cost_model=cost_model, gpu=gpu,
+                      freq_mhz=freq_mhz, dtype=dtype, layer_cache=layer_cache)
+    ops = [w[0] for w in works]
     out = _LayerSum()
     full = recompute == "full" and layer.recomputable
     shares = layer.selective_shares(tp, sp) if recompute == "selective" else {}
-    for op in ops:
-        f, b, i, w = op_pass_work(cost_model, gpu, op, freq_mhz, dtype)
+    for op, (f, b, i, w), suffix, fwd_needs, bwd_needs in works:
         out.fwd, out.bwd, out.bwd_in, out.bwd_w = out.fwd + f, out.bwd + b, out.bwd_in + i, \
             out.bwd_w + w
-        sharding = op.shardings[0]
-        suffix = "_ep" if sharding.name == "expert" else ""
-        fwd_needs = [c for c in sharding.comm if c.phase == "fwd"]
         out.comm["fwd" + suffix] += fwd_needs
-        out.comm["bwd" + suffix] += [c for c in sharding.comm if c.phase == "bwd"]
+        out.comm["bwd" + suffix] += bwd_needs
         share = 1.0 if full or op.name in names else shares.get(op.name, 0.0)
         if share:
             out.rec = out.rec + (f if share == 1.0 else

@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
 
 from trainsim.search.microbatch.costs import MicroBatchCosts, pad
 from trainsim.search.microbatch.kernels import dp_all
@@ -52,6 +51,8 @@ def order_samples(inputs: np.ndarray, targets: np.ndarray | None = None) -> np.n
         return np.argsort(-inputs, kind="stable")
     if n == 1:
         return np.arange(1)
+    from scipy.cluster.hierarchy import fcluster, linkage  # deferred: start-up time (scipy)
+
     points = np.stack([inputs, targets], axis=1).astype(float)
     labels = fcluster(linkage(points, method="complete"), t=CLUSTER_DISTANCE,
                       criterion="distance")

@@ -10,7 +10,11 @@ the simulator (DESIGN.md §1–2).
 * `cache.py` — `LoweringCache`: what lowerings of one model on one cluster share (graphs, stage
   costs keyed by content, schedules, planned collectives), for the Oracle;
 * `replay.py` — instruction tapes: a block's first instruction is recorded, the others are
-  stamped out from it (one by one, or a run at a time with numpy).
+  stamped out from it (one by one, or a run at a time with numpy);
+* `stamp.py` — runs of instructions stamped out with numpy, their bookkeeping (what later
+  passes and transfers wait for) in arrays by micro-batch (`SlotMap`);
+* `chunks.py` — `ChunkedBuilder`: a task-table builder that keeps stamped runs as numpy
+  columns until `build()`.
 """
 
 from trainsim.workloads.lowering.layout import StageLayout, stage_layout

@@ -136,6 +136,8 @@ class LoweringLayout:
         self.cost_model: OpCostModel = (RooflineCostModel() if options.cost_model is None
                                         else options.cost_model)
         self.micro_batches = self._micro_batch_list()
+        self.uniform = plan.micro_batches is None and plan.replica_micro_batches is None
+        """Whether every micro-batch has one shape (one key, one graph, one cost)."""
         self.stage_gpu_ranks = self._place_stages()
         self.order = self._schedule()
         self.stage_to_rank = self._stage_map() if plan.num_stages > 1 else {0: 0}
@@ -256,7 +258,8 @@ class LoweringLayout:
         lists: dict[tuple[MbKey, ...], tuple[MicroBatch, ...]] = {}
         for c, reps in enumerate(self.classes):
             ms = self.replica_lists[reps[0]] if self.separable else self.micro_batches
-            key = tuple(key_of(m) for m in ms)
+            key = ((key_of(ms[0]),) * len(ms) if self.uniform and ms
+                   else tuple(key_of(m) for m in ms))
             by_list.setdefault(key, []).append(c)
             lists[key] = ms
         return [ScheduleGroup(count=len(key), order=self.order if len(key) == len(

@@ -17,7 +17,9 @@ One training iteration becomes tasks on per-rank streams:
 The lowering is a small package: `layout.py` places stages, partitions layers, costs
 instructions and forms groups (no tasks); `comm.py` turns collectives into tasks on real links
 (`CommLowering`); `gradient_sync.py` emits the data-parallel and ZeRO traffic and the optimizer
-step (`GradientSync`); this module walks the schedule and emits each instruction's tasks.
+step (`GradientSync`); this module walks the schedule and emits each instruction's tasks,
+repeated ones stamped out from tapes (`replay.py`), runs of them with numpy (`stamp.py`,
+`chunks.py`).
 
 **Folding.** Members of one tensor-parallel group and identical data-parallel replicas behave
 identically, so by default each (pipeline stage, replica class) is one program rank standing for
@@ -43,13 +45,17 @@ import dataclasses
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, cast
+
+import numpy as np
 
 from trainsim.hwmodels.cluster import Cluster
 from trainsim.simulator.actions import Action
 from trainsim.simulator.program import Program, ProgramInfo
 from trainsim.simulator.task_table import TaskTableBuilder
 from trainsim.workloads.lowering.cache import LoweringCache
+from trainsim.workloads.lowering.chunks import ChunkedBuilder
 from trainsim.workloads.lowering.comm import (
     CommLowering,
     Meta,
@@ -67,7 +73,15 @@ from trainsim.workloads.lowering.layout import (
     key_of,
 )
 from trainsim.workloads.lowering.options import DEFAULT_OPTIONS, LoweringOptions
-from trainsim.workloads.lowering.replay import Bank, Tape, flush, record, replay, replay_run
+from trainsim.workloads.lowering.replay import Bank, Tape, flush, record, replay
+from trainsim.workloads.lowering.stamp import (
+    KIND_CODES,
+    LateRuns,
+    SlotMap,
+    late_deps,
+    stamp_run,
+    stamp_tuples,
+)
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.op_work import InstructionCosts, Work
 from trainsim.workloads.ops import CommNeed
@@ -177,6 +191,88 @@ _RecvKey = tuple[int, str, int, int]
 """(stage, direction or action kind, micro-batch, unit) of a transfer or a finished pass."""
 
 
+@dataclass(frozen=True, slots=True)
+class _ActArrays:
+    """One physical stage's actions as arrays (`schedule_arrays`)."""
+
+    stage: np.ndarray
+    kind: np.ndarray
+    """`KIND_CODES` index of each action's pass."""
+    micro_batch: np.ndarray
+    pair: np.ndarray
+    """stage * 4 + kind: the key of `_Uniform`'s arrays."""
+    is_last: np.ndarray
+    """True at its stage's last backward (the one that runs the gradient reduction)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Schedule:
+    """What `build` reads of a schedule besides its actions, worked out once per schedule."""
+
+    order: dict[int, list[Action]]
+    """The schedule (kept, so the cache key, its id, stays its own)."""
+    last_bwd: dict[int, tuple[str, int]]
+    """vstage -> (pass, micro-batch) of its last backward."""
+    final_kind: dict[int, str]
+    """vstage -> "W" when its backward is split, else "B"."""
+    _arrays: dict[int, _ActArrays]
+
+    def arrays(self, phys: int) -> _ActArrays:
+        """Physical stage `phys`'s actions as arrays (worked out on first use)."""
+        found = self._arrays.get(phys)
+        if found is None:
+            acts, last_bwd = self.order[phys], self.last_bwd
+            n = len(acts)
+            stage = np.fromiter((a.stage for a in acts), np.int64, n)
+            kind = np.fromiter((KIND_CODES.index(a.kind) for a in acts), np.int64, n)
+            mb = np.fromiter((a.micro_batch for a in acts), np.int64, n)
+            last = np.fromiter((last_bwd.get(a.stage) == (a.kind, a.micro_batch)
+                                for a in acts), bool, n)
+            found = self._arrays[phys] = _ActArrays(stage=stage, kind=kind, micro_batch=mb,
+                                                    pair=stage * 4 + kind, is_last=last)
+        return found
+
+
+_SCHEDULES: dict[int, _Schedule] = {}
+_SCHEDULES_KEPT = 32
+
+
+def schedule_arrays(order: dict[int, list[Action]]) -> _Schedule:
+    """`_Schedule` of `order`; the last few are kept by identity (schedules are shared
+    between lowerings through the LoweringCache, and read-only)."""
+    found = _SCHEDULES.get(id(order))
+    if found is not None and found.order is order:
+        return found
+    final_kind: dict[int, str] = {}
+    last_bwd: dict[int, tuple[str, int]] = {}
+    for acts in order.values():
+        for a in acts:
+            if a.kind in ("B", "W"):
+                last_bwd[a.stage] = (a.kind, a.micro_batch)
+                final_kind[a.stage] = a.kind
+    found = _Schedule(order=order, last_bwd=last_bwd, final_kind=final_kind, _arrays={})
+    if len(_SCHEDULES) >= _SCHEDULES_KEPT:
+        del _SCHEDULES[next(iter(_SCHEDULES))]
+    _SCHEDULES[id(order)] = found
+    return found
+
+
+class _Uniform:
+    """`build`'s tapes by (vstage, pass) on a plan of one micro-batch shape, as arrays indexed
+    by vstage * 4 + pass code: tape index (-1: none yet), one unit?, extra free."""
+
+    def __init__(self, stages: int) -> None:
+        self.tape = np.full(4 * stages, -1, np.int64)
+        self.one_unit = np.zeros(4 * stages, bool)
+        self.extra = np.zeros(4 * stages, np.float64)
+
+    def add(self, stage: int, kind: str, tape: Tape, blk: _Block) -> None:
+        p = stage * 4 + KIND_CODES.index(kind)
+        self.tape[p] = tape.index
+        self.one_unit[p] = len(blk.unit_ids) == 1
+        self.extra[p] = blk.extra_free
+
+
 class _Lowering:
     """The state of one lowering; `build()` returns the Program.
 
@@ -193,7 +289,8 @@ class _Lowering:
         """The plan as the user gave it (differs from `plan` under context parallelism)."""
         self.layout = layout = LoweringLayout(model, cluster, plan, options, cache)
         self.plan, self.opt, self.fold = plan, options, layout.fold
-        self.b = TaskTableBuilder()
+        # with tapes, stamped runs join the table as numpy columns (chunks.py)
+        self.b = ChunkedBuilder() if cache is not None else TaskTableBuilder()
         self.comm = CommLowering(cluster, options.collective_algorithm, self.b)
         if cache is not None:  # planned phases and link loads are the cluster's, not the plan's
             self.comm._phase_cache = cache.comm_phases
@@ -214,9 +311,13 @@ class _Lowering:
         self.cluster = cluster
         self.max_clock_mhz = [cluster.gpu(layout.represents[p][0]).sm_clock_max_mhz
                               for p in range(layout.num_ranks)]
-        self.done: dict[_RecvKey, list[int]] = {}
-        self.held: dict[tuple[int, int, int], float] = {}
-        self.recv: dict[_RecvKey, list[int]] = {}
+        # with tapes, keyed by micro-batch: a stamped run's entries live in arrays (stamp.py)
+        arrays = cache is not None
+        self.done: dict[_RecvKey, list[int]] = SlotMap(2, ids=True) if arrays else {}
+        self.held: dict[tuple[int, int, int], float] = SlotMap(1, ids=False) if arrays else {}
+        self.recv: dict[_RecvKey, list[int]] = SlotMap(2, ids=True) if arrays else {}
+        self.late: LateRuns = []
+        """Stamped runs' late deps on transfers (stamp.py), resolved in `_patch_deps`."""
         self.patch: list[tuple[int, _RecvKey]] = []
         self._scratch: dict[int, int] = {}
         """Where instructions that no gradient reduction waits for note their buckets."""
@@ -235,14 +336,12 @@ class _Lowering:
         # the reduction is emitted with the last group's final backward and waits for them all
         synced: dict[int, list[dict[int, int]]] = {}
         for gi, group in enumerate(groups):
-            final_kind: dict[int, str] = {}  # vstage -> "W" when its backward is split, else "B"
-            last_bwd: dict[int, tuple[str, int]] = {}
-            for acts in group.order.values():
-                for a in acts:
-                    if a.kind in ("B", "W"):
-                        last_bwd[a.stage] = (a.kind, a.micro_batch)
-                        final_kind[a.stage] = a.kind
-            mb_keys = [key_of(mb) for mb in group.micro_batches]
+            sched = schedule_arrays(group.order)
+            final_kind = sched.final_kind
+            last_bwd = sched.last_bwd
+            mbs = group.micro_batches
+            mb_keys = ([key_of(mbs[0])] * len(mbs) if layout.uniform and mbs
+                       else [key_of(mb) for mb in mbs])
             # (vstage, shape, clock) -> costs: asked once per instruction, worked out once
             found: dict[tuple[int, MbKey, float | None], InstructionCosts] = {}
             per_action_freq = bool(plan.instruction_freq_mhz)
@@ -250,6 +349,10 @@ class _Lowering:
             # a stage's last backward replay their block's tape straight from here
             fast: dict[tuple[int, str, MbKey], tuple[Tape, list[int], float]] = {}
             use_fast = self.tapes and plan.zero < 3 and not per_action_freq
+            # one micro-batch shape: `fast` by (vstage, pass) alone, as arrays, so runs are
+            # found and stamped out with numpy (`_stamp_uniform`)
+            uniform = _Uniform(plan.num_stages) if use_fast and len(set(mb_keys)) == 1 \
+                else None
             b, pending = self.b, self.pending
             for phys in sorted(group.order):
                 acts, i, general = group.order[phys], 0, -1
@@ -259,6 +362,13 @@ class _Lowering:
                     entry = fast.get((a.stage, a.kind, mb_key)) if use_fast else None
                     if entry is not None and i != general \
                             and last_bwd.get(a.stage) != (a.kind, a.micro_batch):
+                        if uniform is not None:
+                            first = i
+                            i, used = self._stamp_uniform(sched.arrays(phys), acts, i, uniform,
+                                                          fast, mb_key)
+                            if used < i - first:  # an input of another form: ordinary code
+                                i = general = first + used
+                            continue
                         # a run of instructions that all replay a tape: stamp them out at once
                         run: list[tuple[Tape, int, int, str, float]] = []
                         units: list[list[int]] = []
@@ -303,6 +413,8 @@ class _Lowering:
                             blk = self._blocks[bkey]
                             fast[(a.stage, a.kind, mb_key)] = (tape, blk.unit_ids,
                                                                blk.extra_free)
+                            if uniform is not None:
+                                uniform.add(a.stage, a.kind, tape, blk)
                     if sync_now and gi == len(groups) - 1:
                         flush(b, pending)
                         sync.dp_sync(a.stage, phys, c, per_bucket)
@@ -340,6 +452,9 @@ class _Lowering:
                 for r in rows:
                     owners.extend([base + r] * len(found))
                     deps.extend(found)
+        more_owners, more_deps = late_deps(self.late, cast(SlotMap, recv))
+        owners.extend(more_owners)
+        deps.extend(more_deps)
         # the builder sorts late deps by owner (stable): each owner's stay in the order added
         self.b.late_owner.extend(owners)
         self.b.late_dep.extend(deps)
@@ -384,18 +499,48 @@ class _Lowering:
         flush(self.b, self.pending)
         self._emit(a, phys, c, per_bucket, blk)
 
+    def _stamp_uniform(self, arrays: _ActArrays, acts: list[Action], i: int, uni: _Uniform,
+                       fast: dict[tuple[int, str, MbKey], tuple[Tape, list[int], float]],
+                       mb_key: MbKey) -> tuple[int, int]:
+        """Stamp out the run of instructions from `acts[i]` that replay a tape (up to the
+        first without one, or a stage's last backward) on a plan of one micro-batch shape:
+        found and stamped with numpy (stamp.py), else as `_replay_run`. Returns (end of the
+        run, how many it replayed)."""
+        pair, last = arrays.pair, arrays.is_last
+        ok = (uni.tape[pair[i:]] >= 0) & ~last[i:]
+        end = len(acts) if ok.all() else i + int(np.argmin(ok))
+        pairs = pair[i:end]
+        if end - i > 1 and uni.one_unit[pairs].all():
+            flush(self.b, self.pending)
+            if self._bank is None or self._bank.size != len(self._tape_list):
+                self._bank = Bank(self._tape_list)
+            if stamp_run(cast(ChunkedBuilder, self.b), self._bank, self._tape_list,
+                         uni.tape[pairs], arrays.micro_batch[i:end], arrays.stage[i:end],
+                         arrays.kind[i:end], uni.extra[pairs], late=self.late,
+                         done=cast(SlotMap, self.done),
+                         recv=cast(SlotMap, self.recv), held=cast(SlotMap, self.held),
+                         last_compute=self.last_compute):
+                return end, end - i
+        entries = [fast[(a.stage, a.kind, mb_key)] for a in acts[i:end]]
+        run: list[tuple[Tape, int, int, str, float]] = [
+            (e[0], a.micro_batch, a.stage, a.kind, e[2]) for a, e in zip(acts[i:end], entries)]
+        return end, self._replay_run(run, [e[1] for e in entries], stamp=False)
+
     def _replay_run(self, run: list[tuple[Tape, int, int, str, float]],
-                    units: list[list[int]]) -> int:
+                    units: list[list[int]], stamp: bool = True) -> int:
         """Replay `run` (tape, micro-batch, stage, pass, extra free; `units` each one's
-        units): with numpy in one pass where `replay_run` takes it, else one by one up to the
-        first whose inputs differ in form from its tape's. Returns how many it replayed."""
+        units): with numpy in one pass where `stamp_run` takes it (unless `stamp` is off: it
+        did not), else one by one up to the first whose inputs differ in form from its
+        tape's. Returns how many it replayed."""
         b = self.b
-        if len(run) > 1 and all(len(u) == 1 for u in units):
+        if stamp and len(run) > 1 and all(len(u) == 1 for u in units):
             flush(b, self.pending)
             if self._bank is None or self._bank.size != len(self._tape_list):
                 self._bank = Bank(self._tape_list)
-            if replay_run(b, self._bank, run, patch=self.patch_runs, done=self.done,
-                          recv=self.recv, held=self.held, last_compute=self.last_compute):
+            if stamp_tuples(cast(ChunkedBuilder, b), self._bank, self._tape_list, run,
+                            late=self.late,
+                            done=cast(SlotMap, self.done), recv=cast(SlotMap, self.recv),
+                            held=cast(SlotMap, self.held), last_compute=self.last_compute):
                 return len(run)
         done = self.done
         for q, ((tape, j, k, kind, extra), uids) in enumerate(zip(run, units)):
@@ -780,6 +925,10 @@ class _Lowering:
             every = [mb for ms in layout.replica_lists for mb in ms]
             model_flops = sum(layout.model_flops(mb) for mb in every)
             tokens: int | None = sum(mb.batch_size * mb.seq_len for mb in every)
+        elif plan.dp_batch_split is None and layout.uniform and mbs:
+            # the same terms summed the same way as below, without a call per micro-batch
+            model_flops = sum(repeat(layout.model_flops(mbs[0]), len(mbs))) * plan.dp
+            tokens = sum(repeat(mbs[0].batch_size * mbs[0].seq_len, len(mbs))) * plan.dp
         elif plan.dp_batch_split is None:
             model_flops = sum(layout.model_flops(mb) for mb in mbs) * plan.dp
             tokens = sum(mb.batch_size * mb.seq_len for mb in mbs) * plan.dp

@@ -10,8 +10,8 @@ this instruction" or "input slot s", and the bookkeeping it did (which tasks lat
 gradient reduction, the optimizer step and the stage-boundary patches wait for) — and every
 later one is `replay`ed: a few list extensions instead of one Python call per task. A run of
 consecutive replays on a one-unit stage (folded plans: every pass leaves one task the next
-waits for) is stamped out at once by `replay_run`, its columns gathered with numpy from all
-tapes laid end to end (`Bank`).
+waits for) is stamped out at once by stamp.py's `stamp_run`, its columns gathered with numpy
+from all tapes laid end to end (`Bank`).
 
 A block is taped only where its rows depend on nothing else (no ZeRO-3 gathers, expert-parallel
 or per-op tensor-parallel collectives, whose deps reach outside the instruction), and a tape is
@@ -23,13 +23,14 @@ test_lowering_cache.py compares whole programs with and without tapes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain, repeat
-from operator import attrgetter, itemgetter
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from trainsim.simulator.task_table import TaskTableBuilder
+from trainsim.workloads.lowering.chunks import stamped_rows
 
 LONG_TAPE = 256
 """Deps from which a replay resolves them with numpy rather than a list comprehension."""
@@ -86,10 +87,11 @@ def record(b: TaskTableBuilder, t0: int, inputs: list[list[int]], *, free_rows: 
     """The tape of the instruction that appended rows `t0..` of `b` from `inputs` (per unit,
     the ids it waited for), with the bookkeeping it did; None when it cannot be replayed (a dep
     or a result outside the instruction and its inputs, or an input id in two slots)."""
-    n = len(b.kind_code) - t0
+    lt = t0 - stamped_rows(b)  # t0's place in the builder's lists
+    n = len(b.kind_code) - lt
     if n == 0:
         return None
-    if any(x != j for x in b.name_arg[t0:]) or any(x != j for x in b.micro_batch[t0:]):
+    if any(x != j for x in b.name_arg[lt:]) or any(x != j for x in b.micro_batch[lt:]):
         return None
     slot_of: dict[int, int] = {}
     flat = [x for row in inputs for x in row]
@@ -97,7 +99,7 @@ def record(b: TaskTableBuilder, t0: int, inputs: list[list[int]], *, free_rows: 
         if x in slot_of:
             return None
         slot_of[x] = s
-    first_dep = len(b.dep_idx) - sum(b.dep_count[t0:])
+    first_dep = len(b.dep_idx) - sum(b.dep_count[lt:])
     deps: list[tuple[bool, int]] = []
     for d in b.dep_idx[first_dep:]:
         if d >= t0:
@@ -132,12 +134,12 @@ def record(b: TaskTableBuilder, t0: int, inputs: list[list[int]], *, free_rows: 
             patch_rel[-1][0].append(tid - t0)
         else:
             patch_rel.append(([tid - t0], key[0], key[1], key[3]))
-    values = tuple(getattr(b, c)[_start(b, c, t0):] for c in _CONST)
+    values = tuple(getattr(b, c)[_start(b, c, lt):] for c in _CONST)
     inside = tuple(v for _, v in deps) if all(i for i, _ in deps) else None
     arrays = None
     if inside is None and len(deps) >= LONG_TAPE:
         arrays = (np.array([i for i, _ in deps], bool), np.array([v for _, v in deps], np.int64))
-    return Tape(index=index, rows=n, values=values, free=b.mem_free_bytes[t0:], free_rows=tuple(free_rows),
+    return Tape(index=index, rows=n, values=values, free=b.mem_free_bytes[lt:], free_rows=tuple(free_rows),
                 deps=tuple(deps), inside=inside, dep_arrays=arrays, input_shape=tuple(len(x) for x in inputs),
                 patch=tuple((tuple(r), st, d, u) for r, st, d, u in patch_rel), done=tuple(done_rel), recv=tuple(recv_rel),
                 held=tuple(held),
@@ -159,7 +161,7 @@ def replay(b: TaskTableBuilder, tape: Tape, inputs: list[list[int]], j: int, k: 
     forward holds plus `extra_free`; `per_bucket` None when no reduction reads the buckets.
     The compute history ZeRO-3 reads is not kept (tapes are used only without ZeRO-3).
     `tape` must have been recorded on `b` (its column `extend`s are `b`'s)."""
-    base = len(b.name_arg)  # the deferred columns (`pending`) may lag behind
+    base = len(b.name_arg) + stamped_rows(b)  # the deferred columns (`pending`) may lag
     pending.append(tape.values)
     js = [j] * tape.rows
     b.name_arg.extend(js)
@@ -216,12 +218,12 @@ def _start(b: TaskTableBuilder, column: str, t0: int) -> int:
     return t0
 
 
-__all__ = ["Bank", "Tape", "flush", "record", "replay", "replay_run"]
+__all__ = ["Bank", "Tape", "flush", "record", "replay"]
 
 
 class Bank:
     """Every tape of one lowering as numpy columns, to stamp out a run of replays at once
-    (`replay_run`); rebuilt when a tape is added."""
+    (stamp.py); rebuilt when a tape is added."""
 
     def __init__(self, tapes: list[Tape]) -> None:
         self.size = len(tapes)
@@ -247,105 +249,3 @@ class Bank:
         self.inputs = np.array([t.input_shape[0] if len(t.input_shape) == 1 else -1
                                 for t in tapes], np.int64)
         """Inputs of each tape on its one unit (-1: several units)."""
-
-
-def _gather(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Indices start..start+count of every (start, count), concatenated."""
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    shift = np.repeat(starts - (np.cumsum(counts) - counts), counts)
-    return shift + np.arange(total, dtype=np.int64)
-
-
-_KIND_INPUTS = {"F": 0, "B": 1, "I": 1, "W": 2}
-"""Inputs of a pass on a one-unit stage whose passes leave one task: none for a forward, the
-forward's for a backward, the forward's and the input-gradient pass's for a weight pass."""
-
-
-def replay_run(b: TaskTableBuilder, bank: Bank, run: list[tuple[Tape, int, int, str, float]], *,
-               patch: list[tuple[int, tuple[int, ...], tuple[Any, ...]]],
-               done: dict[tuple[Any, ...], list[int]], recv: dict[tuple[Any, ...], list[int]],
-               held: dict[tuple[int, int, int], float], last_compute: dict[int, int]) -> bool:
-    """`replay` of every (tape, micro-batch, stage, pass, extra free) in `run`, in order, with
-    the columns built by numpy in one pass: for one-unit stages whose passes leave one task
-    the next pass waits for (folded plans on one replica class). Returns False, appending
-    nothing, where a tape or an input does not have that form (the caller replays one by
-    one). The builder's deferred columns must have been flushed."""
-    n = len(run)
-    tapes, js, ks, kinds, extras = zip(*run)
-    index = np.fromiter(map(attrgetter("index"), tapes), np.int64, n)
-    nin = np.fromiter(map(_KIND_INPUTS.__getitem__, kinds), np.int64, n)
-    if (bank.done_row[index] < 0).any() or (bank.inputs[index] != nin).any():
-        return False
-    keys = list(zip(ks, kinds, js, repeat(0)))
-    if not done.keys().isdisjoint(keys):
-        return False
-    rows = bank.rows[index]
-    base = len(b.name_arg) + np.cumsum(rows) - rows
-    # the done task of each pass first, so later passes in the run read theirs
-    done.update(zip(keys, map(list, zip((base + bank.done_row[index]).tolist()))))
-    slots = np.full((n, 2), -1, np.int64)
-    try:
-        for slot, (kind_min, before) in enumerate(((1, "F"), (2, "I"))):
-            at = np.flatnonzero(nin >= kind_min).tolist()
-            found = list(map(done.__getitem__, [(ks[q], before, js[q], 0) for q in at]))
-            if any(len(x) != 1 for x in found):
-                raise KeyError(before)
-            slots[at, slot] = list(map(itemgetter(0), found))
-    except KeyError:  # an input of another form: undo, replay one by one
-        for key in keys:
-            del done[key]
-        return False
-    g = _gather(bank.row_off[index], rows)
-    owner = np.repeat(np.arange(n, dtype=np.int64), rows)
-    for column in _CONST:
-        if column in bank.ptr:
-            counts = bank.cols["member_count" if column == "member_rank" else "link_count"][g]
-            getattr(b, column).extend(bank.cols[column][_gather(bank.ptr[column][g],
-                                                                counts)].tolist())
-        else:
-            getattr(b, column).extend(bank.cols[column][g].tolist())
-    per_row_j = np.asarray(js, np.int64)[owner].tolist()
-    b.name_arg.extend(per_row_j)
-    b.micro_batch.extend(per_row_j)
-    dep_counts = bank.cols["dep_count"][g]
-    dg = _gather(bank.dep_ptr[g], dep_counts)
-    dep_owner = np.repeat(owner, dep_counts)
-    inside, value = bank.dep_inside[dg], bank.dep_value[dg]
-    given = slots[dep_owner, np.where(inside, 0, np.minimum(value, 1))]
-    b.dep_idx.extend(np.where(inside, base[dep_owner] + value, given).tolist())
-    unique = {t.index: t for t in tapes}
-    at_tape = {i: np.flatnonzero(index == i) for i in unique}
-    for i, tape in unique.items():
-        for u, size in tape.held:
-            held.update(zip(zip((ks[q] for q in at_tape[i]), (js[q] for q in at_tape[i]),
-                                repeat(u)), repeat(size)))
-    free = bank.free[g]
-    flag = bank.free_flag[g]
-    if flag.any():
-        due = np.fromiter(map(held.get, zip(ks, js, repeat(0)), repeat(0.0)), np.float64, n)
-        free = np.where(flag, (due + np.asarray(extras, np.float64))[owner], free)
-    b.mem_free_bytes.extend(free.tolist())
-    last: dict[int, tuple[int, int]] = {}
-    for i, tape in unique.items():
-        at = at_tape[i]
-        starts = base[at].tolist()
-        tj = [js[q] for q in at.tolist()]
-        for prows, stage, direction, u in tape.patch:
-            patch.extend(zip(starts, repeat(prows), zip(repeat(stage), repeat(direction), tj,
-                                                         repeat(u))))
-        for stage, direction, u, rrows in tape.recv:
-            rkeys = list(zip(repeat(stage), repeat(direction), tj, repeat(u)))
-            if len(rrows) == 1 and recv.keys().isdisjoint(rkeys):
-                recv.update(zip(rkeys, map(list, zip((base[at] + rrows[0]).tolist()))))
-                continue
-            for first, key in zip(starts, rkeys):
-                recv.setdefault(key, []).extend([first + r for r in rrows])
-        for p, row in tape.last_compute:
-            q = int(at[-1])
-            if p not in last or last[p][0] < q:
-                last[p] = (q, int(base[q]) + row)
-    for p, (_, tid) in last.items():
-        last_compute[p] = tid
-    return True
