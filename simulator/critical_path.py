@@ -4,8 +4,9 @@ A task cannot start before every predecessor has ended, where predecessors are i
 on each member rank, the previous task on its stream (program.py). Replacing each task's length
 by its length with no link sharing (fixed part + comm_bytes / bottleneck bandwidth) gives a
 lower bound on every task's end: the longest path through that graph (the classic critical path
-method, Kelley & Walker 1959). Sharing only slows transfers, so the simulated iteration time is
-always at least `lower_bound_s`, and at least any one stream's total work (`busiest_stream_s`).
+method, Kelley & Walker 1959). Sharing only slows tasks (links slow transfers, collectives
+holding SMs slow compute), so the simulated iteration time is always at least `lower_bound_s`,
+and at least any one stream's total work (`busiest_stream_s`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,12 @@ Python object per task. The loop keeps
 * a binary heap of fixed-part ends keyed by (time, task index);
 * the fluid links (`event_loop_numba`): transfers in their transfer phase with bytes left and
   rate `min over links of bandwidth / users`, recomputed after every instant at which the set of
-  transfers changed, and one pending wake-up at the earliest completion.
+  transfers changed, and one pending wake-up at the earliest completion;
+* SM sharing: per rank the number of SM-occupying collectives running and the slowed
+  compute-stream task in its fixed part; when a collective's start or end changes that task's
+  rate, its work left is drained at the old rate and a new heap entry pushed, the old entry
+  becoming stale (skipped when it reaches the top). The floating-point steps are the
+  reference's (`work − (now − since) × rate`, `now + work / rate`).
 
 Order within an instant follows the reference: the pending transfer wake-up (SimPy's URGENT
 event) runs before fixed-part ends at the same time, so completions come before starts; the
@@ -40,10 +45,12 @@ from trainsim.simulator.event_loop_numba import (
     ST_ENDED,
     STATE_SIZE,
     advance,
+    advance_plain,
     init_state,
 )
-from trainsim.simulator.program import FrozenProgram, Program
+from trainsim.simulator.program import SM_OCCUPIES, FrozenProgram, Program
 from trainsim.simulator.result import SimResult, build_result
+from trainsim.simulator.task_table import COMPILED_FROM
 
 #: Task ends between two progress reports when `on_progress` is given (about 1% of tasks).
 _PROGRESS_PARTS = 100
@@ -52,9 +59,19 @@ _PROGRESS_PARTS = 100
 def successors(frozen: FrozenProgram) -> tuple[np.ndarray, np.ndarray]:
     """Reverse the dependency CSR: task d's dependants are `succ_idx[succ_ptr[d]:succ_ptr[d+1]]`.
 
-    A task listing the same dep twice appears twice, matching its wait count.
+    A task listing the same dep twice appears twice, matching its wait count. Compiled from
+    `COMPILED_FROM` deps on (csr_numba.py); numpy's stable argsort below, the same result.
     """
-    return reverse_csr(frozen.dep_ptr, frozen.dep_idx, frozen.num_tasks)
+    n = frozen.num_tasks
+    if len(frozen.dep_idx) >= COMPILED_FROM:
+        return reverse_csr(frozen.dep_ptr, frozen.dep_idx, n)
+    counts = np.diff(frozen.dep_ptr)
+    owner = np.repeat(np.arange(n, dtype=np.int64), counts)
+    dep = frozen.dep_idx.astype(np.int64)
+    succ_idx = owner[np.argsort(dep, kind="stable")]
+    succ_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dep, minlength=n), out=succ_ptr[1:])
+    return succ_ptr, succ_idx
 
 
 def event_times(
@@ -91,8 +108,27 @@ def event_times(
     num_comm = int(np.count_nonzero(comm > 0))
     state = np.zeros(STATE_SIZE, dtype=np.float64)
     wait = np.diff(frozen.dep_ptr).astype(i64) + np.diff(member_ptr)
-    heap_time = np.empty(n, dtype=np.float64)
-    heap_task = np.empty(n, dtype=i64)
+    member_rank = frozen.member_rank.astype(i64)
+    phi = np.ascontiguousarray(frozen.comm_sm_fraction, dtype=np.float64)
+    # SM roles only where they can matter: a task none of whose ranks has φ > 0 neither slows
+    # nor is slowed (so a program without φ runs the old loop's work alone).
+    sharing = phi > 0
+    retimes = 0
+    if not sharing.any():
+        role = np.zeros(n, dtype=i64)
+    else:
+        role = frozen.sm_role.astype(i64)
+        if not sharing.all():
+            role[~np.logical_or.reduceat(sharing[member_rank], member_ptr[:-1])] = 0
+        # Every change of a rank's SM rate may push one more heap entry (the old goes stale).
+        retimes = 2 * int(np.diff(member_ptr)[role == SM_OCCUPIES].sum())
+    heap_time = np.empty(n + retimes, dtype=np.float64)
+    heap_task = np.empty(n + retimes, dtype=i64)
+    ranks = frozen.num_ranks
+    sm_busy, sm_task, pending = (np.zeros(ranks, i64), np.full(ranks, -1, i64),
+                                 np.zeros(ranks, i64))
+    work_left, work_since, work_rate, fixed_end = (np.zeros(n), np.zeros(n), np.ones(n),
+                                                   np.full(n, -1.0))
     act_task = np.empty(max(num_comm, 1), dtype=i64)
     act_rem = np.empty(max(num_comm, 1), dtype=np.float64)
     act_rate = np.empty(max(num_comm, 1), dtype=np.float64)
@@ -103,16 +139,19 @@ def event_times(
         duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
         succ_ptr, succ_idx, link_ptr, link_idx, bandwidth,
         wait, start, end, heap_time, heap_task, act_task, act_rem, act_rate, users, stack,
-        done_buf, state,
+        done_buf, state, role, member_rank, phi, sm_busy, sm_task, work_left, work_since,
+        work_rate, fixed_end, pending,
     )  # fmt: skip
-    init_state(*arrays)
+    init_state(queue_ptr, queue_task, wait, stack, state)
+    # The SM code only where it can act: without an SM-occupying task no task is slowed.
+    loop = advance if (role == SM_OCCUPIES).any() else advance_plain
     if on_progress is None:
-        advance(*arrays, np.int64(n + 1))
+        loop(*arrays, np.int64(n + 1))
         return start, end
     step = max(n // _PROGRESS_PARTS, 1)
-    while True:  # advance() stops early only when nothing is left to run
+    while True:  # the loop stops early only when nothing is left to run
         target = int(state[ST_ENDED]) + step
-        advance(*arrays, np.int64(step))
+        loop(*arrays, np.int64(step))
         on_progress(int(state[ST_ENDED]), n)
         if int(state[ST_ENDED]) < target or int(state[ST_ENDED]) == n:
             break

@@ -7,6 +7,11 @@ dependency has ended and every other member has reached the task with its previo
 `FluidLinks` to move the bytes. The other members just signal arrival and wait for the task's end
 event, so a collective is a rendezvous that holds all its members' streams for its whole length.
 
+SM sharing (program.py) is a second thin resource, `SmSharing`: the leader tells it when an
+SM-occupying collective starts and ends, and a slowed compute-stream task waits on its
+`compute()` event instead of a plain timeout whenever one of its ranks has φ > 0; a change of the
+task's rate invalidates its pending timeout (generation counter) and plans a new one.
+
 When no event is left and some task has not ended, the program deadlocked: `deadlock_error`
 builds the report from the ended flags alone (heads of stuck streams, what each waits for, and
 one wait cycle), so it is shared with any other engine.
@@ -24,7 +29,7 @@ import simpy
 from simpy.core import URGENT
 
 from trainsim.errors import SimulationError
-from trainsim.simulator.program import Program
+from trainsim.simulator.program import SM_OCCUPIES, SM_SLOWED, Program, sm_roles
 from trainsim.simulator.result import SimResult, build_result
 
 
@@ -115,6 +120,95 @@ class FluidLinks:
             tr.done.succeed()
 
 
+@dataclass(slots=True)
+class _Slowed:
+    """A slowed task in its fixed part: full-speed work left as of `since_s`, at `rate`."""
+
+    ranks: tuple[int, ...]
+    work_s: float
+    since_s: float
+    rate: float
+    end_s: float
+    done: simpy.Event
+    generation: int = 0
+
+
+class SmSharing:
+    """Slows compute-stream fixed parts to 1 − φ_r while a collective holds SMs on rank r.
+
+    `comm_started` / `comm_ended` count the SM-occupying tasks per rank; `compute()` runs a
+    slowed task's fixed part and returns an event that succeeds when its work is done. When a
+    count change alters a running task's rate, its work left is drained at the old rate and a new
+    timeout planned (program.py: SM sharing; the numba twin does the same arithmetic).
+    """
+
+    def __init__(self, env: simpy.Environment, phi: tuple[float, ...]) -> None:
+        self.env = env
+        self.phi = phi
+        self.busy = [0] * len(phi)
+        self.running: dict[int, _Slowed] = {}
+
+    def rate(self, ranks: tuple[int, ...]) -> float:
+        """The lowest SM rate over `ranks` now."""
+        rate = 1.0
+        for r in ranks:
+            if self.busy[r] > 0:
+                rate = min(rate, 1.0 - self.phi[r])
+        return rate
+
+    def compute(self, ranks: tuple[int, ...], duration_s: float) -> simpy.Event:
+        """Run a slowed fixed part of `duration_s` at full speed on `ranks`, from now."""
+        rate = self.rate(ranks)
+        task = _Slowed(ranks=ranks, work_s=duration_s, since_s=self.env.now, rate=rate,
+                       end_s=self.env.now + duration_s / rate, done=self.env.event())
+        for r in ranks:
+            self.running[r] = task
+        self._plan(task, duration_s / rate)
+        return task.done
+
+    def comm_started(self, ranks: tuple[int, ...]) -> None:
+        """An SM-occupying task starts on `ranks`."""
+        for r in ranks:
+            self.busy[r] += 1
+            if self.busy[r] == 1 and self.phi[r] > 0:
+                self._retime(self.running.get(r))
+
+    def comm_ended(self, ranks: tuple[int, ...]) -> None:
+        """An SM-occupying task ends on `ranks`."""
+        for r in ranks:
+            self.busy[r] -= 1
+            if self.busy[r] == 0 and self.phi[r] > 0:
+                self._retime(self.running.get(r))
+
+    def _retime(self, task: _Slowed | None) -> None:
+        now = self.env.now
+        if task is None or task.end_s <= now:
+            return  # nothing runs there, or its fixed part ends at this very instant
+        rate = self.rate(task.ranks)
+        if rate == task.rate:
+            return
+        task.work_s = max(0.0, task.work_s - (now - task.since_s) * task.rate)
+        task.since_s = now
+        task.rate = rate
+        task.end_s = now + task.work_s / rate
+        self._plan(task, task.work_s / rate)
+
+    def _plan(self, task: _Slowed, delay_s: float) -> None:
+        task.generation += 1
+        timer = self.env.timeout(delay_s)
+        generation = task.generation
+        timer.callbacks.append(lambda _ev: self._finish(task, generation))
+
+    def _finish(self, task: _Slowed, generation: int) -> None:
+        if generation != task.generation:
+            return  # re-timed since this timeout was planned
+        task.end_s = -1.0
+        for r in task.ranks:
+            if self.running.get(r) is task:
+                del self.running[r]
+        task.done.succeed()
+
+
 def run_simpy(
     program: Program, *, on_progress: Callable[[int, int], None] | None = None
 ) -> SimResult:
@@ -135,6 +229,9 @@ def run_simpy(
     n = len(tasks)
     env = simpy.Environment()
     links = FluidLinks(env, program.link_bandwidth_bytes_per_s)
+    sm = SmSharing(env, tuple(program.comm_sm_fraction))
+    roles = sm_roles(program).tolist()
+    phi_ranks = {r for r, phi in enumerate(program.comm_sm_fraction) if phi > 0}
     ended = [env.event() for _ in range(n)]
     # arrived[t][i]: member ranks[i + 1] of task t is at the task with its stream free.
     arrived: list[list[simpy.Event]] = [[env.event() for _ in task.ranks[1:]] for task in tasks]
@@ -151,11 +248,19 @@ def run_simpy(
         if waits:
             yield simpy.AllOf(env, waits)
         start_s[tid] = env.now
+        role = roles[tid]
+        if role == SM_OCCUPIES:
+            sm.comm_started(task.ranks)
         if task.duration_s > 0:
-            yield env.timeout(task.duration_s)
+            if role == SM_SLOWED and not phi_ranks.isdisjoint(task.ranks):
+                yield sm.compute(task.ranks, task.duration_s)
+            else:
+                yield env.timeout(task.duration_s)
         if task.comm_bytes > 0:
             yield links.transfer(tid, task.comm_bytes, task.links)
         end_s[tid] = env.now
+        if role == SM_OCCUPIES:
+            sm.comm_ended(task.ranks)
         ended[tid].succeed()
         done_count[0] += 1
         if on_progress is not None and done_count[0] % report_every == 0:

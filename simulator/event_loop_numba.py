@@ -14,7 +14,19 @@ State slots (`state[...]`):
 * ``ST_DIRTY`` — 1 when the set of transfers changed since the last replan;
 * ``ST_HEAP``, ``ST_ACTIVE``, ``ST_READY`` — sizes of the fixed-part heap, the transfer list and
   the stack of tasks ready to start now;
-* ``ST_ENDED`` — tasks ended so far.
+* ``ST_ENDED`` — tasks ended so far;
+* ``ST_STALE`` — heap entries left stale by re-timing, not yet dropped;
+* ``ST_PENDING`` — ranks in `pending` whose count of SM-occupying tasks went to 1 or 0 and
+  whose slowed task is still to re-time.
+
+SM sharing (program.py): `sm_busy[r]` counts the SM-occupying tasks running on rank r and
+`sm_task[r]` is the slowed task whose fixed part runs there (-1: none). A slowed task keeps its
+full-speed work left (`work_left`) as of `work_since`, at rate `work_rate`; when a change of
+`sm_busy` changes its rate, the work is drained at the old rate and a new heap entry pushed.
+`fixed_end[t]` is the fixed-part end a slowed task's live heap entry carries: an entry whose
+time differs is stale and is dropped when it reaches the top (-1 once the fixed part is over).
+Only slowed tasks on ranks with φ > 0 get a role (engine_numba), so a program without sharing
+runs none of this.
 """
 
 from __future__ import annotations
@@ -27,10 +39,11 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-ST_NOW, ST_UPDATED, ST_WAKE, ST_NEXT_END, ST_DIRTY, ST_HEAP, ST_ACTIVE, ST_READY, ST_ENDED = (
-    range(9)
-)
-STATE_SIZE = 9
+from trainsim.simulator.program import SM_OCCUPIES, SM_SLOWED
+
+(ST_NOW, ST_UPDATED, ST_WAKE, ST_NEXT_END, ST_DIRTY, ST_HEAP, ST_ACTIVE, ST_READY, ST_ENDED,
+ ST_STALE, ST_PENDING) = range(11)
+STATE_SIZE = 11
 
 F64 = npt.NDArray[np.float64]
 """A float64 array (times, bytes, rates, the state slots)."""
@@ -136,6 +149,59 @@ def _replan(state: F64, act_task: I64, act_rem: F64, act_rate: F64, users: I64, 
     state[ST_WAKE] = updated + (max(0.0, gap))
 
 
+@_jit
+def _sm_rate(t: int, member_ptr: I64, member_rank: I64, phi: F64, sm_busy: I64) -> float:
+    """The SM rate of task `t`: the lowest over its members (1 − φ where a collective runs)."""
+    rate = 1.0
+    for m in range(member_ptr[t], member_ptr[t + 1]):
+        r = member_rank[m]
+        if sm_busy[r] > 0:
+            rate = min(rate, 1.0 - phi[r])
+    return rate
+
+
+@_jit
+def _retime_pending(now: float, pending: I64, member_ptr: I64, member_rank: I64, phi: F64,
+                    sm_busy: I64, sm_task: I64, work_left: F64, work_since: F64,
+                    work_rate: F64, fixed_end: F64, heap_time: F64, heap_task: I64,
+                    state: F64) -> None:
+    """Re-time the slowed tasks on the ranks in `pending` (their count of SM-occupying tasks
+    went to 1 or 0 at this instant): drain each one's work at its old rate, push its new end."""
+    for i in range(int(state[ST_PENDING])):
+        t = sm_task[pending[i]]
+        if t < 0 or fixed_end[t] <= now:
+            continue  # no slowed task there, or its fixed part ends at this very instant
+        rate = _sm_rate(t, member_ptr, member_rank, phi, sm_busy)
+        if rate == work_rate[t]:
+            continue
+        left = work_left[t] - (now - work_since[t]) * work_rate[t]
+        work_left[t] = max(0.0, left)
+        work_since[t] = now
+        work_rate[t] = rate
+        finish = now + work_left[t] / rate
+        fixed_end[t] = finish
+        state[ST_HEAP] = _heap_push(heap_time, heap_task, int(state[ST_HEAP]), finish, t)
+        state[ST_STALE] += 1.0
+    state[ST_PENDING] = 0.0
+
+
+@_jit
+def _sm_count(t: int, delta: int, member_ptr: I64, member_rank: I64, phi: F64, sm_busy: I64,
+              sm_task: I64, pending: I64, state: F64) -> None:
+    """Count SM-occupying task `t` in (delta 1) or out (-1) on its ranks; note in `pending` the
+    ranks with φ > 0 and a slowed task running whose count went to 1 or 0, for
+    `_retime_pending`."""
+    k = int(state[ST_PENDING])
+    edge = 1 if delta > 0 else 0
+    for m in range(member_ptr[t], member_ptr[t + 1]):
+        r = member_rank[m]
+        sm_busy[r] += delta
+        if sm_busy[r] == edge and sm_task[r] >= 0 and phi[r] > 0:
+            pending[k] = r
+            k += 1
+    state[ST_PENDING] = k
+
+
 @_jit_inline
 def _end_task(
     e: int, now: float, member_ptr: I64, member_queue: I64, member_pos: I64, queue_ptr: I64,
@@ -179,14 +245,11 @@ def _start_transfer(t: int, now: float, comm: F64, link_ptr: I64, link_idx: I64,
 
 
 @_jit
-def init_state(
-    duration: F64, comm: F64, member_ptr: I64, member_queue: I64, member_pos: I64,
-    queue_ptr: I64, queue_task: I64, succ_ptr: I64, succ_idx: I64, link_ptr: I64,
-    link_idx: I64, bandwidth: F64, wait: I64, start: F64, end: F64, heap_time: F64,
-    heap_task: I64, act_task: I64, act_rem: F64, act_rate: F64, users: I64, stack: I64,
-    done_buf: I64, state: F64,
-) -> None:
-    """Count each queue's head as arrived and stack the tasks ready at time 0."""
+def init_state(queue_ptr: I64, queue_task: I64, wait: I64, stack: I64, state: F64) -> None:
+    """Count each queue's head as arrived and stack the tasks ready at time 0 (the other arrays
+    come initialised; the SM-sharing ones with `sm_busy` 0, `sm_task` -1, `fixed_end` -1).
+    It takes only the arrays it touches: each array argument costs numba compile time, which a
+    machine's first run pays."""
     for q in range(len(queue_ptr) - 1):
         if queue_ptr[q + 1] > queue_ptr[q]:
             wait[queue_task[queue_ptr[q]]] -= 1
@@ -201,96 +264,155 @@ def init_state(
     state[ST_READY] = ready
 
 
-@_jit
-def advance(
-    duration: F64, comm: F64, member_ptr: I64, member_queue: I64, member_pos: I64,
-    queue_ptr: I64, queue_task: I64, succ_ptr: I64, succ_idx: I64, link_ptr: I64,
-    link_idx: I64, bandwidth: F64, wait: I64, start: F64, end: F64, heap_time: F64,
-    heap_task: I64, act_task: I64, act_rem: F64, act_rate: F64, users: I64, stack: I64,
-    done_buf: I64, state: F64, budget: int | np.int64,
-) -> None:
-    """Run events until `budget` more tasks have ended or nothing is left to run.
+def _make_advance(sharing: bool) -> Callable[..., None]:
+    """The event loop, compiled with SM sharing (`sharing`) or without: without, numba prunes
+    the SM branches (a closure's constant), so a program with no SM-occupying task on a rank
+    with φ > 0 (the Quickstart's pipeline) compiles and runs the plain loop alone, and a
+    machine's first run does not pay for compiling the SM code it does not use."""
 
-    Each round first starts every task that became ready at the current instant (a zero-length
-    task ends at once and may ready more), then takes the next event: the transfer wake-up if it
-    is not later than the earliest fixed-part end (completions before starts), else that end.
-    """
-    target = state[ST_ENDED] + budget
-    now = state[ST_NOW]
-    while True:
-        # Start everything ready now; zero-length tasks end at once and may ready more.
-        while state[ST_READY] > 0:
-            ready = int(state[ST_READY]) - 1
-            state[ST_READY] = ready
-            t = stack[ready]
-            start[t] = now
-            if duration[t] > 0:
-                state[ST_HEAP] = _heap_push(
-                    heap_time, heap_task, int(state[ST_HEAP]), now + duration[t], t
-                )
-            else:
-                # Fixed part over at once: start the transfer, or end (written out here, not
-                # as a helper taking 20 arrays: that call made every event ~15x slower).
-                if comm[t] > 0:
-                    _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem,
-                                    act_rate, users, state)
+    @_jit
+    def advance(
+        duration: F64, comm: F64, member_ptr: I64, member_queue: I64, member_pos: I64,
+        queue_ptr: I64, queue_task: I64, succ_ptr: I64, succ_idx: I64, link_ptr: I64,
+        link_idx: I64, bandwidth: F64, wait: I64, start: F64, end: F64, heap_time: F64,
+        heap_task: I64, act_task: I64, act_rem: F64, act_rate: F64, users: I64, stack: I64,
+        done_buf: I64, state: F64, role: I64, member_rank: I64, phi: F64, sm_busy: I64,
+        sm_task: I64, work_left: F64, work_since: F64, work_rate: F64, fixed_end: F64,
+        pending: I64, budget: int | np.int64,
+    ) -> None:
+        """Run events until `budget` more tasks have ended or nothing is left to run.
+
+        Each round first starts every task that became ready at the current instant (a zero-length
+        task ends at once and may ready more), then takes the next event: the transfer wake-up if it
+        is not later than the earliest live fixed-part end (completions before starts), else that
+        end. SM-occupying tasks are counted in and out at their starts and ends (`_sm_count`); the
+        slowed tasks on ranks whose count went to 1 or 0 are re-timed before time moves on: after
+        the round's starts, and after an event's ends before the next round's starts
+        (`_retime_pending`). Counts only rise among starts and only fall among ends, so this gives
+        the rates of re-timing at every change (re-timing at zero elapsed time keeps the work).
+        The SM code sits outside `_end_task`: inlined there at three sites it made every event
+        about 1.5x slower.
+        """
+        target = state[ST_ENDED] + budget
+        now = state[ST_NOW]
+        while True:
+            if sharing and state[ST_PENDING] > 0:  # collectives that ended: re-time before anything starts
+                _retime_pending(now, pending, member_ptr, member_rank, phi, sm_busy, sm_task,
+                                work_left, work_since, work_rate, fixed_end, heap_time, heap_task,
+                                state)
+            # Start everything ready now; zero-length tasks end at once and may ready more.
+            while state[ST_READY] > 0:
+                ready = int(state[ST_READY]) - 1
+                state[ST_READY] = ready
+                t = stack[ready]
+                start[t] = now
+                sm_role = role[t]
+                if sharing and sm_role == SM_OCCUPIES:
+                    _sm_count(t, 1, member_ptr, member_rank, phi, sm_busy, sm_task, pending, state)
+                if duration[t] > 0:
+                    if sharing and sm_role == SM_SLOWED:
+                        rate = _sm_rate(t, member_ptr, member_rank, phi, sm_busy)
+                        work_left[t] = duration[t]
+                        work_since[t] = now
+                        work_rate[t] = rate
+                        finish = now + duration[t] / rate
+                        fixed_end[t] = finish
+                        for m in range(member_ptr[t], member_ptr[t + 1]):
+                            sm_task[member_rank[m]] = t
+                    else:
+                        finish = now + duration[t]
+                    state[ST_HEAP] = _heap_push(heap_time, heap_task, int(state[ST_HEAP]), finish, t)
                 else:
-                    _end_task(t, now, member_ptr, member_queue, member_pos, queue_ptr,
-                              queue_task, succ_ptr, succ_idx, wait, end, stack, state)
-        if state[ST_ENDED] >= target:
-            break
-        heap_size = int(state[ST_HEAP])
-        next_fixed = heap_time[0] if heap_size > 0 else math.inf
-        if state[ST_DIRTY] > 0 and next_fixed != now:
-            # Replan once per instant: with more fixed-part ends at this instant still to come,
-            # the rates only matter once time moves.
-            _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandwidth)
-        wake = state[ST_WAKE] if state[ST_DIRTY] == 0 else math.inf
-        if next_fixed == math.inf and wake == math.inf:
-            break
-        if wake <= next_fixed:
-            # Transfers planned to finish by next_end finish together now; the others drain.
-            now = wake
-            next_end = state[ST_NEXT_END]
-            updated = state[ST_UPDATED]
-            elapsed = now - updated
-            kept = 0
-            done = 0
-            for i in range(int(state[ST_ACTIVE])):
-                t = act_task[i]
-                rem = act_rem[i]
-                rate = act_rate[i]
-                if updated + rem / rate <= next_end:
-                    done_buf[done] = t
-                    done += 1
-                    for j in range(link_ptr[t], link_ptr[t + 1]):
-                        users[link_idx[j]] -= 1
-                    continue
-                if elapsed > 0:
-                    rem -= rate * elapsed
-                    rem = max(rem, 0.0)
-                act_task[kept] = t
-                act_rem[kept] = rem
-                act_rate[kept] = rate
-                kept += 1
-            state[ST_UPDATED] = now
-            state[ST_ACTIVE] = kept
-            state[ST_DIRTY] = 1.0
-            state[ST_WAKE] = math.inf
-            for i in range(done):
-                _end_task(
-                    done_buf[i], now, member_ptr, member_queue, member_pos, queue_ptr,
-                    queue_task, succ_ptr, succ_idx, wait, end, stack, state,
-                )  # fmt: skip
-        else:
-            now = next_fixed
-            t = heap_task[0]
-            state[ST_HEAP] = _heap_pop(heap_time, heap_task, heap_size)
-            if comm[t] > 0:  # its fixed part is over: transfer, or end
-                _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate,
-                                users, state)
+                    # Fixed part over at once: start the transfer, or end (written out here, not
+                    # as a helper taking 20 arrays: that call made every event ~15x slower).
+                    if comm[t] > 0:
+                        _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem,
+                                        act_rate, users, state)
+                    else:
+                        _end_task(t, now, member_ptr, member_queue, member_pos, queue_ptr,
+                                  queue_task, succ_ptr, succ_idx, wait, end, stack, state)
+            if sharing and state[ST_PENDING] > 0:  # collectives that started now: re-time before time moves
+                _retime_pending(now, pending, member_ptr, member_rank, phi, sm_busy, sm_task,
+                                work_left, work_since, work_rate, fixed_end, heap_time, heap_task,
+                                state)
+            if state[ST_ENDED] >= target:
+                break
+            heap_size = int(state[ST_HEAP])
+            if sharing and state[ST_STALE] > 0:  # drop entries of re-timed tasks that reached the top
+                while heap_size > 0 and role[heap_task[0]] == SM_SLOWED \
+                        and heap_time[0] != fixed_end[heap_task[0]]:
+                    heap_size = _heap_pop(heap_time, heap_task, heap_size)
+                    state[ST_STALE] -= 1.0
+                state[ST_HEAP] = heap_size
+            next_fixed = heap_time[0] if heap_size > 0 else math.inf
+            if state[ST_DIRTY] > 0 and next_fixed != now:
+                # Replan once per instant: with more fixed-part ends at this instant still to come,
+                # the rates only matter once time moves.
+                _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandwidth)
+            wake = state[ST_WAKE] if state[ST_DIRTY] == 0 else math.inf
+            if next_fixed == math.inf and wake == math.inf:
+                break
+            if wake <= next_fixed:
+                # Transfers planned to finish by next_end finish together now; the others drain.
+                now = wake
+                next_end = state[ST_NEXT_END]
+                updated = state[ST_UPDATED]
+                elapsed = now - updated
+                kept = 0
+                done = 0
+                for i in range(int(state[ST_ACTIVE])):
+                    t = act_task[i]
+                    rem = act_rem[i]
+                    rate = act_rate[i]
+                    if updated + rem / rate <= next_end:
+                        done_buf[done] = t
+                        done += 1
+                        for j in range(link_ptr[t], link_ptr[t + 1]):
+                            users[link_idx[j]] -= 1
+                        continue
+                    if elapsed > 0:
+                        rem -= rate * elapsed
+                        rem = max(rem, 0.0)
+                    act_task[kept] = t
+                    act_rem[kept] = rem
+                    act_rate[kept] = rate
+                    kept += 1
+                state[ST_UPDATED] = now
+                state[ST_ACTIVE] = kept
+                state[ST_DIRTY] = 1.0
+                state[ST_WAKE] = math.inf
+                for i in range(done):
+                    _end_task(
+                        done_buf[i], now, member_ptr, member_queue, member_pos, queue_ptr,
+                        queue_task, succ_ptr, succ_idx, wait, end, stack, state,
+                    )  # fmt: skip
+                    if sharing and role[done_buf[i]] == SM_OCCUPIES:  # it held SMs: uncount it
+                        _sm_count(done_buf[i], -1, member_ptr, member_rank, phi, sm_busy, sm_task,
+                                  pending, state)
             else:
-                _end_task(t, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
-                          succ_ptr, succ_idx, wait, end, stack, state)
+                now = next_fixed
+                t = heap_task[0]
+                state[ST_HEAP] = _heap_pop(heap_time, heap_task, heap_size)
+                if sharing and role[t] == SM_SLOWED:
+                    fixed_end[t] = -1.0
+                    for m in range(member_ptr[t], member_ptr[t + 1]):
+                        if sm_task[member_rank[m]] == t:
+                            sm_task[member_rank[m]] = -1
+                if comm[t] > 0:  # its fixed part is over: transfer, or end
+                    _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate,
+                                    users, state)
+                else:
+                    _end_task(t, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
+                              succ_ptr, succ_idx, wait, end, stack, state)
+                    if sharing and role[t] == SM_OCCUPIES:
+                        _sm_count(t, -1, member_ptr, member_rank, phi, sm_busy, sm_task, pending, state)
+            state[ST_NOW] = now
         state[ST_NOW] = now
-    state[ST_NOW] = now
+
+    return advance
+
+
+advance = _make_advance(True)
+"""The event loop with SM sharing (engine_numba uses it where some task has an SM role)."""
+advance_plain = _make_advance(False)
+"""The event loop without SM sharing: the same events where no task has an SM role."""

@@ -22,6 +22,21 @@ Semantics
   next completion time is `t_update + remaining / rate`; at that instant every transfer whose own
   `t_update + remaining / rate` is at or below it ends together. A lone transfer thus takes
   `comm_bytes / min bandwidth`; two identical ones sharing a link take twice as long.
+* **SM sharing.** An NCCL collective kernel holds some of its GPU's SMs (one CTA per channel)
+  for as long as it runs, and a GEMM running beside it has only the rest. A task *occupies SMs*
+  when its kind is in `sm_comm_kinds` and it is not zero-length (duration or bytes > 0); it
+  does so on every member rank from its start (fixed part included) to its end. A task is
+  *slowed* when it runs on the "compute" stream and does not itself occupy SMs. While at least
+  one occupying task runs on rank r, r's SM rate is `1 − comm_sm_fraction[r]` (φ_r), else 1; a
+  slowed task's fixed part (its `duration_s`, the work at full speed) progresses at the lowest
+  SM rate over its member ranks. The rate is re-read whenever an occupying task starts or ends
+  on a member and the rate differs: work left falls linearly at the old rate since the last
+  change (`work − (now − t_change) × rate`, clamped at zero; the start is the first change, with
+  all of `duration_s` left) and the fixed part ends at `t_change + work / rate` of the last
+  change, so at exactly `start + duration_s` when the rate stayed 1. A change at the instant
+  the fixed part ends does not affect it. With φ = 0 (the default) nothing changes, so CPU
+  programs and programs built without φ keep their old times exactly. Pipeline p2p transfers
+  (1–2 CTAs) are not in the default kinds.
 * **Ends.** A task ends when its transfer completes (or at the end of its fixed part if it has
   no bytes). Its end is seen by dependants and by the next task on its streams at that instant.
 * **Ties.** Start and end times are a pure function of the program (max-plus over predecessor
@@ -62,7 +77,7 @@ import numpy as np
 
 from trainsim.errors import SimulationError
 from trainsim.simulator.task import Task, check_number
-from trainsim.simulator.task_table import TaskTable
+from trainsim.simulator.task_table import COMPILED_FROM, TaskTable
 
 #: Streams drawn first, in this order, by the exporters; other names follow alphabetically.
 CONVENTIONAL_STREAMS: tuple[str, ...] = ("compute", "tp", "pp", "dp")
@@ -83,6 +98,20 @@ KNOWN_KINDS: tuple[str, ...] = (
     "all_to_all",
     "wait",
 )
+
+
+#: Kinds whose tasks run NCCL collective kernels that hold SMs while they run ("tp_comm": a
+#: run of mixed tensor-parallel collectives); the default of `Program.sm_comm_kinds`.
+SM_COMM_KINDS: frozenset[str] = frozenset(
+    {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "tp_comm"}
+)
+
+#: The stream whose tasks an SM-occupying collective slows (program.py: SM sharing).
+SM_SHARED_STREAM = "compute"
+
+#: Values of `sm_roles`: a task that neither occupies nor is slowed, one that occupies SMs, one
+#: that is slowed.
+SM_NONE, SM_OCCUPIES, SM_SLOWED = 0, 1, 2
 
 
 def _per_rank(
@@ -166,6 +195,11 @@ class Program:
     """Streams whose tasks' power_w counts toward energy (communication usually overlaps)."""
     represents: Sequence[tuple[int, ...]] = ()
     """Per program rank, the physical ranks it stands for (folding); empty = identity."""
+    comm_sm_fraction: Sequence[float] = ()
+    """Per rank: φ, the share of the GPU's SMs a running collective holds (compute-stream work
+    then runs at 1 − φ; see SM sharing above), in [0, 1); empty = 0 (no sharing)."""
+    sm_comm_kinds: frozenset[str] = SM_COMM_KINDS
+    """Task kinds that occupy SMs while they run (SM sharing)."""
     info: ProgramInfo = field(default_factory=ProgramInfo)
     """What the program stands for: model, plan, batch, FLOPs, GPUs, price (`ProgramInfo`)."""
 
@@ -200,6 +234,15 @@ class Program:
         )
         set_(self, "idle_power_w", _per_rank("idle_power_w", self.idle_power_w, n, 0.0))
         set_(self, "powered_streams", frozenset(self.powered_streams))
+        set_(self, "sm_comm_kinds", frozenset(self.sm_comm_kinds))
+        phi = _per_rank("comm_sm_fraction", self.comm_sm_fraction, n, 0.0)
+        for rank, value in enumerate(phi):
+            if value >= 1:
+                raise SimulationError(
+                    f"program: comm_sm_fraction[{rank}]={value!r} must be < 1 (the share of SMs "
+                    "a collective holds)"
+                )
+        set_(self, "comm_sm_fraction", phi)
         if len(self.represents) == 0:
             set_(self, "represents", tuple((r,) for r in range(n)))
         else:
@@ -300,9 +343,6 @@ class Program:
         return FrozenProgram.from_program(self)
 
 
-_LARGE = 10_000
-"""Members from which `FrozenProgram.from_program` builds the queues in one compiled counting
-pass (csr_numba.py) rather than with numpy's lexsort."""
 
 
 def _queues(n: int, member_ptr: np.ndarray, member_rank: np.ndarray, stream_code: np.ndarray,
@@ -377,6 +417,22 @@ def stream_display_order(names: Iterable[str]) -> list[str]:
     return first + sorted(names - set(first))
 
 
+def sm_roles(program: Program) -> np.ndarray:
+    """Per task: SM_OCCUPIES, SM_SLOWED or SM_NONE (program.py: SM sharing), as int8."""
+    table = program.table()
+    occupying_kind = np.array([k in program.sm_comm_kinds for k in table.kind_names], bool)
+    shared_stream = np.array([s == SM_SHARED_STREAM for s in table.stream_names], bool)
+    n = len(table)
+    if n == 0:
+        return np.zeros(0, np.int8)
+    occupies = occupying_kind[table.kind_code] & ((table.duration_s > 0) | (table.comm_bytes > 0))
+    slowed = shared_stream[table.stream_code] & ~occupying_kind[table.kind_code]
+    roles = np.full(n, SM_NONE, np.int8)
+    roles[occupies] = SM_OCCUPIES
+    roles[slowed] = SM_SLOWED
+    return roles
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FrozenProgram:
     """A Program as flat numpy arrays for compiled engines (see program.py's semantics).
@@ -428,6 +484,10 @@ class FrozenProgram:
     static_memory_bytes: np.ndarray
     memory_capacity_bytes: np.ndarray
     idle_power_w: np.ndarray
+    comm_sm_fraction: np.ndarray
+    """Per rank: φ (program.py: SM sharing)."""
+    sm_role: np.ndarray
+    """Per task: SM_OCCUPIES, SM_SLOWED or SM_NONE (`sm_roles`)."""
 
     @classmethod
     def from_program(cls, program: Program) -> FrozenProgram:
@@ -446,7 +506,7 @@ class FrozenProgram:
         dep_ptr, dep_idx = table.dep_ptr.copy(), table.dep_idx.copy()
         # Queues: one per (rank, stream) pair, sorted by (rank, stream code).
         num_streams = max(len(stream_names), 1)
-        if len(member_rank) >= _LARGE:  # the same arrays in one compiled counting pass
+        if len(member_rank) >= COMPILED_FROM:  # the same arrays, one compiled counting pass
             from trainsim.simulator.csr_numba import queues  # deferred: start-up time (numba)
 
             queue_ptr, queue_task, queue_keys, member_queue, member_pos = queues(
@@ -491,6 +551,8 @@ class FrozenProgram:
             static_memory_bytes=np.array(program.static_memory_bytes, dtype=np.float64),
             memory_capacity_bytes=np.array(program.memory_capacity_bytes, dtype=np.float64),
             idle_power_w=np.array(program.idle_power_w, dtype=np.float64),
+            comm_sm_fraction=np.array(program.comm_sm_fraction, dtype=np.float64),
+            sm_role=sm_roles(program),
         )
 
     def lone_transfer_s(self) -> np.ndarray:

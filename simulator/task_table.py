@@ -265,7 +265,7 @@ def _repeats(ptr: np.ndarray, values: np.ndarray, owner: np.ndarray, n: int) -> 
     """Per task, whether its CSR row (`values[ptr[t]:ptr[t+1]]`, owners `owner`) repeats a
     value: sorted within rows by numpy, or for a large table by a compiled look along each
     row (csr_numba.py)."""
-    if len(values) >= _LARGE:
+    if len(values) >= COMPILED_FROM:
         from trainsim.simulator.csr_numba import rows_with_repeats  # deferred: start-up time
 
         return rows_with_repeats(ptr, values)
@@ -275,9 +275,12 @@ def _repeats(ptr: np.ndarray, values: np.ndarray, owner: np.ndarray, n: int) -> 
     return _any_row(o[1:][dup], n)
 
 
-_LARGE = 10_000
-"""Row entries from which `_repeats` uses the compiled check (csr_numba.py): below it numpy is
-quicker than importing numba."""
+COMPILED_FROM = 200_000
+"""Entries (deps, members, links) from which the compiled CSR kernels of csr_numba.py replace
+numpy: `_repeats` here, the queues of `FrozenProgram.from_program` and the engine's reversed
+dependencies. They pay off on unfolded programs of hundreds of thousands of tasks; below this
+numpy is quick enough, and a small run (the Quickstart's 7,172 tasks) then does not compile
+them on a machine's first run (about a second of numba compilation, bench/engine.py cold)."""
 
 
 def _any_row(rows: np.ndarray, n: int) -> np.ndarray:

@@ -40,11 +40,17 @@ def test_reverse_csr_matches_the_sorted_reverse(seed: int) -> None:
     np.testing.assert_array_equal(np.diff(out_ptr), np.bincount(idx, minlength=300))
 
 
-def test_successors_of_a_program() -> None:
+@pytest.mark.parametrize("compiled_from", [0, 10**12], ids=["compiled", "numpy"])
+def test_successors_of_a_program(compiled_from: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainsim.simulator import engine_numba
+
+    monkeypatch.setattr(engine_numba, "COMPILED_FROM", compiled_from)
     frozen = random_program(3, 4, 200).freeze()
     ptr, idx = successors(frozen)
     owner = np.repeat(np.arange(frozen.num_tasks), np.diff(frozen.dep_ptr))
     np.testing.assert_array_equal(idx, owner[np.argsort(frozen.dep_idx, kind="stable")])
+    np.testing.assert_array_equal(ptr[1:], np.cumsum(np.bincount(frozen.dep_idx,
+                                                                 minlength=frozen.num_tasks)))
     assert ptr[-1] == len(frozen.dep_idx)
 
 
@@ -57,7 +63,7 @@ def test_rows_with_repeats_matches_the_sorted_check(seed: int,
     want = task_table._repeats(ptr, values, owner, 2000)  # numpy (small input)
     assert want.any() and not want.all()
     np.testing.assert_array_equal(rows_with_repeats(ptr, values), want)
-    monkeypatch.setattr(task_table, "_LARGE", 0)  # the compiled path through the table code
+    monkeypatch.setattr(task_table, "COMPILED_FROM", 0)  # the compiled path through the table code
     np.testing.assert_array_equal(task_table._repeats(ptr, values, owner, 2000), want)
 
 
@@ -93,9 +99,9 @@ def _assert_compiled_queues_match_numpy(prog: Any, monkeypatch: pytest.MonkeyPat
     reach) gives the same queue arrays, dtypes included."""
     from trainsim.simulator import program as program_module
 
-    monkeypatch.setattr(program_module, "_LARGE", 10**12)
+    monkeypatch.setattr(program_module, "COMPILED_FROM", 10**12)
     want = prog.freeze()
-    monkeypatch.setattr(program_module, "_LARGE", 0)
+    monkeypatch.setattr(program_module, "COMPILED_FROM", 0)
     got = prog.freeze()
     for name in ("member_queue", "member_pos", "queue_ptr", "queue_task", "queue_rank",
                  "queue_stream"):

@@ -37,6 +37,11 @@ whose stages have different replicas and mix GPU types inside a stage).
 of one count share a schedule (`ScheduleGroup`), and lowering walks each group's schedule over
 its own units. Unplaced stages fill node groups fastest first, so the program does not depend on
 the order the cluster was written in.
+
+**SM sharing.** Each program rank carries its GPU's φ (hwmodels/comm_sm.py: the SMs a running
+NCCL collective holds), so the engines slow compute-stream work while a dp, tp, ep or ZeRO
+collective runs on that rank (program.py: SM sharing); `LoweringOptions(comm_sm_sharing=False)`
+turns it off.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from typing import Any, cast
 import numpy as np
 
 from trainsim.hwmodels.cluster import Cluster
+from trainsim.hwmodels.comm_sm import comm_sm_fraction
 from trainsim.simulator.actions import Action
 from trainsim.simulator.program import Program, ProgramInfo
 from trainsim.simulator.task_table import TaskTableBuilder
@@ -902,7 +908,7 @@ class _Lowering:
         plan, layout = self.plan, self.layout
         cluster = layout.cluster
         w, g, o = optimizer_bytes_per_param(plan.dtype)
-        static, capacity, idle, gpu_names, peaks = [], [], [], [], []
+        static, capacity, idle, gpu_names, peaks, phi = [], [], [], [], [], []
         for p in range(layout.num_ranks):
             s = layout.phys_stage_of_prog(p)
             params = layout.local_params(s)
@@ -920,6 +926,7 @@ class _Lowering:
             idle.append(float(cluster.idle_power_w(layout.represents[p][0])))
             gpu_names.append(gpu.name)
             peaks.append(float(gpu.peak_flops(plan.dtype)))
+            phi.append(comm_sm_fraction(gpu) if self.opt.comm_sm_sharing else 0.0)
         mbs = layout.micro_batches
         if plan.replica_micro_batches is not None:
             every = [mb for ms in layout.replica_lists for mb in ms]
@@ -952,7 +959,8 @@ class _Lowering:
         return Program(num_ranks=layout.num_ranks, tasks=self.b.build(),
                        link_bandwidth_bytes_per_s=dict(sorted(self.comm.links.items())),
                        static_memory_bytes=static, memory_capacity_bytes=capacity,
-                       idle_power_w=idle, represents=layout.represents, info=info)
+                       idle_power_w=idle, represents=layout.represents,
+                       comm_sm_fraction=phi, info=info)
 
 
 __all__ = ["lower"]

@@ -29,6 +29,10 @@ class LoweringOptions:
     """Collective algorithm (auto picks the fastest alone per collective)."""
     cost_model: OpCostModel | None = None
     """Op cost model; the roofline (hwmodels/opcost.py) when None."""
+    comm_sm_sharing: bool = True
+    """Slow compute while a collective runs on the same GPU: an NCCL kernel holds some SMs
+    (hwmodels/comm_sm.py, `Program.comm_sm_fraction`). False: compute runs at full speed beside
+    any collective (the behaviour before issue 13, item 4)."""
     tp_communication: bool = True
     """Emit the tensor-parallel collectives. False when the cost model's op times already
     include them (Aceso's profiles measure each op with its all-reduce, search/aceso/profile.py),
