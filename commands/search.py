@@ -151,7 +151,9 @@ def plan_words(plan: ParallelPlan) -> str:
 def _table(result: SearchResult, model: str, cluster: str) -> None:
     table = Table(title=f"{result.method} search: {model} on {cluster}, global batch "
                         f"{result.spec.global_batch} ({result.evaluated} plans in "
-                        f"{result.search_s:.1f} s{', interrupted' if result.interrupted else ''})")
+                        f"{result.search_s:.1f} s"
+                        f"{f', {result.pruned} pruned by the bound' if result.pruned else ''}"
+                        f"{', interrupted' if result.interrupted else ''})")
     for col in ("#", "samples/s", "iteration (s)", "peak mem (GiB)", "plan", "found by"):
         table.add_column(col, justify="right" if col[0] in "#sip" and col != "plan" else "left")
     for i, r in enumerate(result.ranked, 1):

@@ -6,6 +6,12 @@ micro-batch size, full activation recompute on or off. `GridPlanner` enumerates 
 fixed order, asks the Oracle about every point, and reports the ones that do not build
 (PlanError: e.g. tp not dividing the head count) or do not fit memory as infeasible records —
 nothing is silently skipped.
+
+**Pruning** (on by default, `prune`): once `top_k` fitting plans are known, a candidate whose
+proven lower bound on its iteration time (search/bound.py, compute alone) is no faster than the
+k-th best is skipped before it is lowered. It provably could not enter the ranked list, so the
+result's ranked plans are those of the unpruned search; only the log is shorter, and the
+result counts the skipped candidates (`SearchResult.pruned`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ class GridPlanner:
     """Largest micro-batch size the default list holds."""
     schedule: str = "1f1b"
     """Pipeline schedule (Megatron's default, PipeDream-flush)."""
+    prune: bool = True
+    """Skip candidates whose lower bound cannot beat the k-th best plan found (module doc)."""
 
     def candidates(self, state: SearchState) -> Iterator[tuple[dict[str, Any], str]]:
         """Plan fields and a note for every grid point, in a fixed order (tp, pp, mbs, rc)."""
@@ -58,10 +66,17 @@ class GridPlanner:
                         yield fields, f"grid dp={dp} tp={tp} pp={pp} mbs={mbs} rc={rc}"
 
     def steps(self, state: SearchState) -> Iterator[SearchRecord]:
-        """Evaluate every grid point until done or out of time."""
+        """Evaluate every grid point (but the pruned ones) until done or out of time."""
+        top_k = state.spec.top_k
         for fields, note in self.candidates(state):
             if state.out_of_time():
                 return
+            if self.prune:
+                ranked = state.ranked()
+                if len(ranked) >= top_k and state.cannot_improve(
+                        fields, state.key(ranked[top_k - 1].summary)):
+                    state.pruned += 1
+                    continue
             yield state.evaluate(fields, note)
 
 

@@ -26,7 +26,8 @@ from typing import Any, Protocol
 
 from trainsim.errors import PlanError, SimulationError, SpecError, unknown_name
 from trainsim.hwmodels.cluster import Cluster
-from trainsim.search.oracle import Oracle, Summary, _key_of
+from trainsim.search.bound import plan_bound
+from trainsim.search.oracle import SECONDS_PER_HOUR, Oracle, Summary, _key_of
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.plan import ParallelPlan
 
@@ -138,6 +139,9 @@ class SearchResult:
     """Wall-clock seconds of the search."""
     interrupted: bool = False
     """True when Ctrl-C (or the caller) stopped it early."""
+    pruned: int = 0
+    """Candidates skipped before lowering: their proven lower bound (search/bound.py) could
+    not beat the plans they would have to displace (not counted in `evaluated`)."""
 
     @property
     def best(self) -> SearchRecord | None:
@@ -178,7 +182,7 @@ class SearchResult:
             "memory_limit_bytes": self.spec.memory_limit_bytes,
             "best": row(self.best) if self.best else None,
             "ranked": [row(r) for r in self.ranked],
-            "evaluated": self.evaluated, "search_s": self.search_s,
+            "evaluated": self.evaluated, "pruned": self.pruned, "search_s": self.search_s,
             "interrupted": self.interrupted,
             "improvements": [r.to_dict() for r in self.log if r.improved],
         }
@@ -241,6 +245,8 @@ class SearchState:
         self.start_s = clock()
         self.log: list[SearchRecord] = []
         self.best: SearchRecord | None = None
+        self.pruned = 0
+        """Candidates a planner skipped with `cannot_improve`."""
         self._seen: dict[str, SearchRecord] = {}
 
     @property
@@ -300,16 +306,44 @@ class SearchState:
             self.best = record
         return record
 
-    def result(self, method: str, interrupted: bool = False) -> SearchResult:
-        """Ranked distinct fitting plans (top_k) and the log."""
+    def ranked(self) -> list[SearchRecord]:
+        """Distinct fitting plans so far, best first (ties keep discovery order), top_k."""
         ranked: dict[str, SearchRecord] = {}
         for r in self.log:
             if r.fits and r.summary.plan_key not in ranked:
                 ranked[r.summary.plan_key] = r
-        order = sorted(ranked.values(), key=lambda r: (r.score, r.step))[: self.spec.top_k]
-        return SearchResult(method=method, spec=self.spec, ranked=tuple(order),
+        return sorted(ranked.values(), key=lambda r: (r.score, r.step))[: self.spec.top_k]
+
+    def cannot_improve(self, fields: Mapping[str, Any], target: tuple[int, float]) -> bool:
+        """True when the plan of `fields` provably cannot rank before `target` (a fitting
+        plan's search key): its iteration time is at least `plan_bound`, and that is no faster
+        than the target's. Only for the throughput and cost objectives (both monotone in
+        time); False wherever the bound does not apply or the plan does not build."""
+        if target[0] != 0 or self.spec.objective not in ("throughput", "cost"):
+            return False
+        try:
+            plan = self.oracle.plan(fields)
+        except PlanError:
+            return False
+        oracle = self.oracle
+        bound = plan_bound(oracle.model, oracle.cluster, plan, oracle.options,
+                           cache=oracle.lowering_cache)
+        if bound is None or bound <= 0:
+            return False
+        if self.spec.objective == "throughput":
+            # score = -samples/s = -batch / time: the target's time is batch / -score
+            target_s = self.spec.global_batch / -target[1] if target[1] < 0 else math.inf
+        else:  # cost = price x time / 3600
+            price = oracle.cluster.price_per_hour_usd
+            target_s = target[1] * SECONDS_PER_HOUR / price if price > 0 else math.inf
+        return bound > target_s * (1 + 1e-9)
+
+    def result(self, method: str, interrupted: bool = False) -> SearchResult:
+        """Ranked distinct fitting plans (top_k) and the log."""
+        return SearchResult(method=method, spec=self.spec, ranked=tuple(self.ranked()),
                             log=tuple(self.log), evaluated=len(self.log),
-                            search_s=self.elapsed_s(), interrupted=interrupted)
+                            search_s=self.elapsed_s(), interrupted=interrupted,
+                            pruned=self.pruned)
 
 
 class Planner(Protocol):

@@ -30,7 +30,6 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainsim.errors import PlanError
 from trainsim.search.aceso.moves import (
     RECOMPUTE_LADDER,
     AcesoConfig,
@@ -43,8 +42,7 @@ from trainsim.search.aceso.moves import (
     op_groups,
     set_micro_batch,
 )
-from trainsim.search.bound import plan_bound
-from trainsim.search.oracle import SECONDS_PER_HOUR, Summary
+from trainsim.search.oracle import Summary
 from trainsim.search.planner import SearchRecord, SearchState, memory_ratio
 from trainsim.workloads.model import ModelSpec, build_graph
 from trainsim.workloads.plan import ParallelPlan
@@ -305,9 +303,10 @@ class AcesoPlanner:
             if move.config in visited or not check_config(move.config, **ctx):
                 continue
             tried += 1
-            if leaf and self.prune and cannot_improve(state, move.config.to_fields(
+            if leaf and self.prune and state.cannot_improve(move.config.to_fields(
                     ctx["global_batch"]), target):
                 visited.add(move.config)
+                state.pruned += 1
                 continue
             rec = run(move.config, f"{move.name} (hop {depth})")
             yield rec
@@ -325,31 +324,6 @@ class AcesoPlanner:
                                  found, run, groups)
             if found[0] is not None:
                 return
-
-
-def cannot_improve(state: SearchState, fields: Mapping[str, Any],
-                   target: tuple[int, float]) -> bool:
-    """True when the plan of `fields` provably cannot rank before `target` (a fitting plan's
-    search key): its iteration time is at least `plan_bound`, and that is no faster than the
-    target's. Only for the throughput and cost objectives (both monotone in time)."""
-    if target[0] != 0 or state.spec.objective not in ("throughput", "cost"):
-        return False
-    try:
-        plan = state.oracle.plan(fields)
-    except PlanError:
-        return False
-    oracle = state.oracle
-    bound = plan_bound(oracle.model, oracle.cluster, plan, oracle.options,
-                       cache=oracle.lowering_cache)
-    if bound is None or bound <= 0:
-        return False
-    if state.spec.objective == "throughput":
-        # score = -samples/s = -batch / time: the target's time is batch / -score
-        target_s = state.spec.global_batch / -target[1] if target[1] < 0 else math.inf
-    else:  # cost = price x time / 3600
-        price = oracle.cluster.price_per_hour_usd
-        target_s = target[1] * SECONDS_PER_HOUR / price if price > 0 else math.inf
-    return bound > target_s * (1 + 1e-9)
 
 
 def hop_children(children: Sequence[SearchRecord], state: SearchState) -> list[SearchRecord]:
@@ -442,5 +416,5 @@ def balance_moves(cfg: AcesoConfig, b: int, *, busy_s: Sequence[float],
             yield Move(name=f"migrate{k} s{b}->s{j}", config=new)
 
 
-__all__ = ["AcesoPlanner", "balance_moves", "cannot_improve", "num_blocks", "rebalance", "recompute_ladder",
+__all__ = ["AcesoPlanner", "balance_moves", "num_blocks", "rebalance", "recompute_ladder",
            "stage_memory_ratios"]

@@ -111,3 +111,25 @@ def test_objectives_rank_by_cost_and_energy(oracle: Oracle) -> None:
                             _spec(objective=objective), oracle=oracle)
         values = [getattr(r.summary, attr) for r in result.ranked]
         assert values == sorted(values)
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_pruning_keeps_the_ranked_plans(oracle: Oracle, top_k: int) -> None:
+    """Pruning by the proven bound skips candidates (most of them here) but the ranked plans,
+    their order and figures are those of the exhaustive grid; every candidate is either
+    evaluated or counted as pruned."""
+    spec = _spec(top_k=top_k)
+    full = run_search(GridPlanner(prune=False), spec, oracle=oracle)
+    pruned = run_search(GridPlanner(), spec, oracle=oracle)
+    assert full.pruned == 0 and pruned.pruned > 0
+    assert pruned.evaluated + pruned.pruned == full.evaluated
+    assert [(r.note, r.summary.to_dict()) for r in pruned.ranked] == \
+        [(r.note, r.summary.to_dict()) for r in full.ranked]
+    assert pruned.to_dict()["pruned"] == pruned.pruned
+
+
+def test_pruning_is_off_for_the_energy_objective(oracle: Oracle) -> None:
+    """The bound is on time; energy is not monotone in time, so nothing is pruned there."""
+    result = run_search(GridPlanner(micro_batch_sizes=(1, 2)), _spec(objective="energy"),
+                        oracle=oracle)
+    assert result.pruned == 0
