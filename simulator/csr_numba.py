@@ -2,7 +2,8 @@
 
 An unfolded program of a thousand GPUs has over a million tasks and several million deps,
 members and links (GPT-3 175B on 1024 GPUs: 1.2 M tasks, 4.5 M deps). Grouping those by a
-small integer key (deps by the task they wait for, members by their (rank, stream) queue) is a
+small integer key (deps by the task they wait for, members by their (rank, stream) queue, late
+deps after each task's own) is a
 stable sort, which numpy does by comparison (timsort) at O(n log n); keys bounded by the task
 or queue count sort in one counting pass instead. Checking that no task lists a rank or a link
 twice needs no sort at all, only a look along each (short) row. Both give exactly the numpy
@@ -34,6 +35,65 @@ def _counting_order(keys: np.ndarray, num_keys: int) -> np.ndarray:  # pragma: n
 def counting_order(keys: np.ndarray, num_keys: int) -> np.ndarray:
     """`np.argsort(keys, kind="stable")` for integer keys in 0..num_keys-1, in O(n + keys)."""
     return _counting_order(np.ascontiguousarray(keys, dtype=np.int64), int(num_keys))
+
+
+@njit(cache=True)
+def _merge_late(dep_ptr: np.ndarray, dep_idx: np.ndarray, late_owner: np.ndarray,
+                late_dep: np.ndarray, n: int
+                ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+    out_ptr = np.zeros(n + 1, np.int64)
+    for t in range(n):
+        out_ptr[t + 1] = dep_ptr[t + 1] - dep_ptr[t]
+    for t in late_owner:
+        out_ptr[t + 1] += 1
+    for t in range(n):
+        out_ptr[t + 1] += out_ptr[t]
+    out = np.empty(out_ptr[n], np.int64)
+    fill = np.empty(n, np.int64)
+    for t in range(n):
+        at = out_ptr[t]
+        for i in range(dep_ptr[t], dep_ptr[t + 1]):
+            out[at] = dep_idx[i]
+            at += 1
+        fill[t] = at
+    for i in range(len(late_owner)):
+        t = late_owner[i]
+        out[fill[t]] = late_dep[i]
+        fill[t] += 1
+    return out_ptr, out
+
+
+def merge_late(dep_ptr: np.ndarray, dep_idx: np.ndarray, late_owner: np.ndarray,
+               late_dep: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The dep CSR with late deps added: each task's own deps (`dep_ptr`, `dep_idx`), then its
+    late ones (`late_dep[i]` of task `late_owner[i]`) in the order given: the stable sort by
+    owner of both lists end to end, in one counting pass."""
+    return _merge_late(np.ascontiguousarray(dep_ptr, dtype=np.int64),
+                       np.ascontiguousarray(dep_idx, dtype=np.int64),
+                       np.ascontiguousarray(late_owner, dtype=np.int64),
+                       np.ascontiguousarray(late_dep, dtype=np.int64), int(n))
+
+
+@njit(cache=True)
+def _first_appearance(codes: np.ndarray, num_codes: int) -> np.ndarray:  # pragma: no cover
+    first = np.full(num_codes, len(codes), np.int64)
+    seen = 0
+    for i in range(len(codes)):
+        c = codes[i]
+        if first[c] == len(codes):
+            first[c] = i
+            seen += 1
+            if seen == num_codes:
+                break
+    return first
+
+
+def first_appearance(codes: np.ndarray, num_codes: int) -> np.ndarray:
+    """The codes in 0..num_codes-1 that `codes` holds, in order of first appearance (what
+    `np.unique(codes, return_index=True)` sorted by index gives)."""
+    first = _first_appearance(np.ascontiguousarray(codes, dtype=np.int64), int(num_codes))
+    used = np.flatnonzero(first < len(codes))
+    return used[np.argsort(first[used], kind="stable")]
 
 
 @njit(cache=True)
@@ -142,4 +202,4 @@ def rows_with_repeats(ptr: np.ndarray, values: np.ndarray) -> np.ndarray:
                               np.ascontiguousarray(values, dtype=np.int64))
 
 
-__all__ = ["counting_order", "queues", "reverse_csr", "rows_with_repeats"]
+__all__ = ["counting_order", "first_appearance", "merge_late", "queues", "reverse_csr", "rows_with_repeats"]

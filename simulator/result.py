@@ -422,6 +422,16 @@ def _rank_records(program: Program, fp: FrozenProgram, rows: _Rows, *, timelines
     order = np.lexsort((ev_task, ev_class, ev_time, ev_rank))
     ev_rank, ev_time, ev_delta = ev_rank[order], ev_time[order], ev_delta[order]
     bounds = np.searchsorted(ev_rank, np.arange(num_ranks + 1))
+    # each rank's running sum starts from its static memory: one array of [static, its
+    # deltas...] per rank end to end, so a rank's cumsum is one call on a slice (the same
+    # sequential sum as over its own concatenation)
+    mem_bounds = bounds + np.arange(num_ranks + 1)
+    mem_in = np.empty(len(ev_delta) + num_ranks)
+    heads = mem_bounds[:-1]
+    mem_in[heads] = fp.static_memory_bytes
+    body = np.ones(len(mem_in), bool)
+    body[heads] = False
+    mem_in[body] = ev_delta
     mem_rank: list[np.ndarray] = []
     mem_time: list[np.ndarray] = []
     mem_bytes: list[np.ndarray] = []
@@ -430,31 +440,52 @@ def _rank_records(program: Program, fp: FrozenProgram, rows: _Rows, *, timelines
     # by rank, then task: rows come in task order, so a stable sort by rank is that order
     p_order = np.argsort(row_rank[p_rows], kind="stable")
     p_rows = p_rows[p_order]
-    p_bounds = np.searchsorted(row_rank[p_rows], np.arange(num_ranks + 1))
+    p_bounds = np.searchsorted(row_rank[p_rows], np.arange(num_ranks + 1)).tolist()
+    energy_in = row_energy[p_rows]  # a rank's slice is `row_energy[its rows]`, summed alike
+    # busy time (`_union_length` per rank): the rows by rank, then start (ties in task order:
+    # a stable sort of each rank's rows by start), the reach of each rank's ends, then each
+    # row's uncovered part; a rank's busy time is the sum of its slice
+    u_rows = p_rows[np.lexsort((row_start[p_rows], row_rank[p_rows]))]
+    u_start, u_end = row_start[u_rows], row_end[u_rows]
+    reach = np.empty(len(u_end))
+    for rank in range(num_ranks):
+        lo, hi = p_bounds[rank], p_bounds[rank + 1]
+        if hi > lo:
+            np.maximum.accumulate(u_end[lo:hi], out=reach[lo:hi])
+    prev = np.empty(len(u_end))
+    prev[1:] = reach[:-1]
+    firsts = np.asarray(p_bounds[:-1])[np.diff(p_bounds) > 0]
+    prev[firsts] = u_start[firsts]
+    uncovered = np.maximum(u_end - np.maximum(u_start, prev), 0.0)
     pow_rank: list[np.ndarray] = []
     pow_time: list[np.ndarray] = []
     pow_w: list[np.ndarray] = []
     compute_code = fp.stream_names.index("compute") if "compute" in fp.stream_names else -1
     on_compute = rows.stream == compute_code
-    compute_busy = np.bincount(row_rank[on_compute], row_len[on_compute], minlength=num_ranks)
+    compute_busy = np.bincount(row_rank[on_compute], row_len[on_compute],
+                               minlength=num_ranks).tolist()
+    caps = fp.memory_capacity_bytes.tolist()
+    idles = fp.idle_power_w.tolist()
+    mb = mem_bounds.tolist()
     records = []
     for rank in range(num_ranks):
-        static = float(fp.static_memory_bytes[rank])
-        cap = float(fp.memory_capacity_bytes[rank])
-        lo, hi = bounds[rank], bounds[rank + 1]
-        running = np.cumsum(np.concatenate(([static], ev_delta[lo:hi])))
+        cap = caps[rank]
+        running = np.cumsum(mem_in[mb[rank]:mb[rank + 1]])
         peak = float(running.max())
-        over = np.flatnonzero(running > cap)
-        oom = len(over) > 0
-        oom_time = (float(np.concatenate(([0.0], ev_time[lo:hi]))[over[0]]) if oom
-                    else None)
-
-        rank_rows = p_rows[p_bounds[rank] : p_bounds[rank + 1]]
-        busy = _union_length(row_start[rank_rows], row_end[rank_rows])
+        oom = peak > cap
+        oom_time = None
+        if oom:
+            over = np.flatnonzero(running > cap)
+            lo = bounds[rank]
+            oom_time = float(np.concatenate(([0.0], ev_time[lo:bounds[rank + 1]]))[over[0]])
+        plo, phi = p_bounds[rank], p_bounds[rank + 1]
+        busy = float(uncovered[plo:phi].sum()) if phi > plo else 0.0
         idle = max(iteration_s - busy, 0.0)
-        idle_w = float(fp.idle_power_w[rank])
-        energy = float(row_energy[rank_rows].sum()) + idle_w * idle
+        idle_w = idles[rank]
+        energy = float(energy_in[plo:phi].sum()) + idle_w * idle
         if timelines:
+            lo, hi = bounds[rank], bounds[rank + 1]
+            rank_rows = p_rows[plo:phi]
             mem_rank.append(np.full(hi - lo + 1, rank))
             mem_time.append(np.r_[0.0, ev_time[lo:hi]])
             mem_bytes.append(running)

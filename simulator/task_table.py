@@ -269,6 +269,12 @@ def _repeats(ptr: np.ndarray, values: np.ndarray, owner: np.ndarray, n: int) -> 
         from trainsim.simulator.csr_numba import rows_with_repeats  # deferred: start-up time
 
         return rows_with_repeats(ptr, values)
+    if len(values) and int(values.min()) >= 0:
+        # one sort of (owner, value) packed in an int64 (values are small ids): equal
+        # neighbours are a row's repeats, as the lexsort below finds them
+        span = int(values.max()) + 1
+        packed = np.sort(owner.astype(np.int64) * span + values)
+        return _any_row(packed[1:][packed[1:] == packed[:-1]] // span, n)
     order = np.lexsort((values, owner))
     o, v = owner[order], values[order]
     dup = (o[1:] == o[:-1]) & (v[1:] == v[:-1])
@@ -402,7 +408,13 @@ class TaskTableBuilder:
 
         dep_ptr = ptr(self.dep_count)
         dep_idx = np.asarray(self.dep_idx, dtype=np.int64)
-        if self.late_owner:
+        if len(self.late_owner) and len(dep_idx) + len(self.late_owner) >= COMPILED_FROM:
+            # the stable sort below, as one compiled counting pass
+            from trainsim.simulator.csr_numba import merge_late  # deferred: start-up time
+
+            dep_ptr, dep_idx = merge_late(dep_ptr, dep_idx, np.asarray(self.late_owner),
+                                          np.asarray(self.late_dep), n)
+        elif len(self.late_owner):
             owner = np.r_[np.repeat(np.arange(n, dtype=np.int64), np.diff(dep_ptr)),
                           np.asarray(self.late_owner, dtype=np.int64)]
             order = np.argsort(owner, kind="stable")

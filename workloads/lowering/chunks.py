@@ -17,16 +17,18 @@ import numpy as np
 from trainsim.simulator.task_table import TaskTable, TaskTableBuilder
 
 ROW_COLUMNS = {
-    "name_code": np.int64, "name_arg": np.int64, "kind_code": np.int64,
-    "stream_code": np.int64, "member_count": np.int64, "link_count": np.int64,
+    "name_code": np.int32, "name_arg": np.int64, "kind_code": np.int32,
+    "stream_code": np.int32, "member_count": np.int64, "link_count": np.int64,
     "dep_count": np.int64, "duration_s": np.float64, "comm_bytes": np.float64,
     "mem_alloc_bytes": np.float64, "mem_free_bytes": np.float64, "power_w": np.float64,
     "freq_mhz": np.float64, "micro_batch": np.int64, "stage": np.int64,
     "first_layer": np.int64, "last_layer": np.int64,
 }
-"""The builder's per-row columns and their dtypes (what `build` makes of them)."""
+"""The builder's per-row columns and their dtypes (the `TaskTable`'s, so `build` converts
+each once)."""
 FLAT_COLUMNS = {"member_rank": 1, "link_idx": 2, "dep_idx": 3}
 """The builder's flat columns and their place in a chunk's list positions."""
+_FLAT_DTYPES = {"member_rank": np.int32, "link_idx": np.int32, "dep_idx": np.int64}
 
 
 class ChunkedBuilder(TaskTableBuilder):
@@ -37,6 +39,8 @@ class ChunkedBuilder(TaskTableBuilder):
         self.stamped = 0
         """Rows held in chunks (not in the lists)."""
         self._chunks: list[tuple[tuple[int, int, int, int], dict[str, np.ndarray]]] = []
+        self._late: list[tuple[int, np.ndarray, np.ndarray]] = []
+        """Late deps given as arrays: (place in the late lists, owners, deps)."""
 
     def __len__(self) -> int:
         return len(self.kind_code) + self.stamped
@@ -53,13 +57,28 @@ class ChunkedBuilder(TaskTableBuilder):
         self._chunks.append((at, columns))
         self.stamped += len(columns["kind_code"])
 
+    def append_late(self, owners: np.ndarray, deps: np.ndarray) -> None:
+        """`add_dep(owner, dep)` for each pair, in order, given as arrays."""
+        self._late.append((len(self.late_owner), owners, deps))
+
     def build(self) -> TaskTable:
         """The table of every row, the lists' and the chunks' in id order."""
+        if self._late:
+            for name, place in (("late_owner", 1), ("late_dep", 2)):
+                listed = np.asarray(getattr(self, name), np.int64)
+                pieces, prev = [], 0
+                for at, owners, deps in self._late:
+                    given = owners if place == 1 else deps
+                    pieces += [listed[prev:at], given.astype(np.int64, copy=False)]
+                    prev = at
+                pieces.append(listed[prev:])
+                setattr(self, name, np.concatenate(pieces))
+            self._late = []
         if self._chunks:
             for name, dtype in ROW_COLUMNS.items():
                 setattr(self, name, self._merged(name, 0, dtype))
             for name, place in FLAT_COLUMNS.items():
-                setattr(self, name, self._merged(name, place, np.int64))
+                setattr(self, name, self._merged(name, place, _FLAT_DTYPES[name]))
             self._chunks = []
             self.stamped = 0
         return super().build()

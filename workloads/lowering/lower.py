@@ -50,6 +50,7 @@ import dataclasses
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
+from functools import partial
 from itertools import repeat
 from typing import Any, cast
 
@@ -88,6 +89,7 @@ from trainsim.workloads.lowering.stamp import (
     stamp_run,
     stamp_tuples,
 )
+from trainsim.workloads.lowering.stamp_units import stamp_units
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.op_work import InstructionCosts, Work
 from trainsim.workloads.ops import CommNeed
@@ -271,12 +273,15 @@ class _Uniform:
         self.tape = np.full(4 * stages, -1, np.int64)
         self.one_unit = np.zeros(4 * stages, bool)
         self.extra = np.zeros(4 * stages, np.float64)
+        self.units: dict[int, list[int]] = {}
+        """Units each (vstage, pass) runs on (its block's `unit_ids`)."""
 
     def add(self, stage: int, kind: str, tape: Tape, blk: _Block) -> None:
         p = stage * 4 + KIND_CODES.index(kind)
         self.tape[p] = tape.index
         self.one_unit[p] = len(blk.unit_ids) == 1
         self.extra[p] = blk.extra_free
+        self.units[p] = blk.unit_ids
 
 
 class _Lowering:
@@ -458,12 +463,11 @@ class _Lowering:
                 for r in rows:
                     owners.extend([base + r] * len(found))
                     deps.extend(found)
-        more_owners, more_deps = late_deps(self.late, cast(SlotMap, recv))
-        owners.extend(more_owners)
-        deps.extend(more_deps)
         # the builder sorts late deps by owner (stable): each owner's stay in the order added
         self.b.late_owner.extend(owners)
         self.b.late_dep.extend(deps)
+        if self.late:
+            cast(ChunkedBuilder, self.b).append_late(*late_deps(self.late, cast(SlotMap, recv)))
 
     def _instruction(self, a: Action, phys: int, c: InstructionCosts, final_kind: str,
                      per_bucket: list[dict[int, int]], gi: int, group: ScheduleGroup,
@@ -516,16 +520,20 @@ class _Lowering:
         ok = (uni.tape[pair[i:]] >= 0) & ~last[i:]
         end = len(acts) if ok.all() else i + int(np.argmin(ok))
         pairs = pair[i:end]
-        if end - i > 1 and uni.one_unit[pairs].all():
+        if end - i > 1:
             flush(self.b, self.pending)
-            if self._bank is None or self._bank.size != len(self._tape_list):
+            if self._bank is None:
                 self._bank = Bank(self._tape_list)
-            if stamp_run(cast(ChunkedBuilder, self.b), self._bank, self._tape_list,
-                         uni.tape[pairs], arrays.micro_batch[i:end], arrays.stage[i:end],
-                         arrays.kind[i:end], uni.extra[pairs], late=self.late,
-                         done=cast(SlotMap, self.done),
-                         recv=cast(SlotMap, self.recv), held=cast(SlotMap, self.held),
-                         last_compute=self.last_compute):
+            elif self._bank.size != len(self._tape_list):
+                self._bank.grow(self._tape_list)
+            stamp = partial(stamp_run) if uni.one_unit[pairs].all() \
+                else partial(stamp_units, units=uni.units)  # unfolded: several units a stage
+            if stamp(cast(ChunkedBuilder, self.b), self._bank, self._tape_list,
+                     uni.tape[pairs], arrays.micro_batch[i:end], arrays.stage[i:end],
+                     arrays.kind[i:end], uni.extra[pairs], late=self.late,
+                     done=cast(SlotMap, self.done),
+                     recv=cast(SlotMap, self.recv), held=cast(SlotMap, self.held),
+                     last_compute=self.last_compute):
                 return end, end - i
         entries = [fast[(a.stage, a.kind, mb_key)] for a in acts[i:end]]
         run: list[tuple[Tape, int, int, str, float]] = [
@@ -541,8 +549,10 @@ class _Lowering:
         b = self.b
         if stamp and len(run) > 1 and all(len(u) == 1 for u in units):
             flush(b, self.pending)
-            if self._bank is None or self._bank.size != len(self._tape_list):
+            if self._bank is None:
                 self._bank = Bank(self._tape_list)
+            elif self._bank.size != len(self._tape_list):
+                self._bank.grow(self._tape_list)
             if stamp_tuples(cast(ChunkedBuilder, b), self._bank, self._tape_list, run,
                             late=self.late,
                             done=cast(SlotMap, self.done), recv=cast(SlotMap, self.recv),

@@ -223,29 +223,57 @@ __all__ = ["Bank", "Tape", "flush", "record", "replay"]
 
 class Bank:
     """Every tape of one lowering as numpy columns, to stamp out a run of replays at once
-    (stamp.py); rebuilt when a tape is added."""
+    (stamp.py); grown when tapes are added (`grow`: only the new tapes are converted)."""
 
     def __init__(self, tapes: list[Tape]) -> None:
+        self._pieces: list[dict[str, Any]] = []
+        self.size = 0
+        self.grow(tapes)
+
+    def grow(self, tapes: list[Tape]) -> Bank:
+        """Take in `tapes[self.size:]` (the tapes added since); returns itself."""
+        for t in tapes[self.size:]:
+            piece: dict[str, Any] = {c: t.values[i] for i, c in enumerate(_CONST)}
+            piece = {c: np.array(v) for c, v in piece.items()}
+            piece["free"] = np.array(t.free, np.float64)
+            piece["free_rows"] = t.free_rows
+            piece["dep_inside"] = np.array([i for i, _ in t.deps], bool)
+            piece["dep_value"] = np.array([v for _, v in t.deps], np.int64)
+            self._pieces.append(piece)
         self.size = len(tapes)
+        pieces = self._pieces
         rows = np.array([t.rows for t in tapes], np.int64)
         self.rows = rows
         self.row_off = np.concatenate(([0], np.cumsum(rows)[:-1])).astype(np.int64)
-        self.cols = {c: np.array([x for t in tapes for x in t.values[i]])
-                     for i, c in enumerate(_CONST)}
-        self.free = np.array([x for t in tapes for x in t.free], np.float64)
+        self.cols = {c: _joined([p[c] for p in pieces]) for c in _CONST}
+        self.free = np.concatenate([p["free"] for p in pieces] or [np.zeros(0)])
         flag = np.zeros(int(rows.sum()), bool)
-        for t, off in zip(tapes, self.row_off.tolist()):
-            for row, _ in t.free_rows:
+        unit = np.full(int(rows.sum()), -1, np.int64)
+        for p, off in zip(pieces, self.row_off.tolist()):
+            for row, u in p["free_rows"]:
                 flag[off + row] = True
+                unit[off + row] = u
         self.free_flag = flag
+        self.free_unit = unit
+        """The unit of each row that frees its micro-batch's held memory (-1: none)."""
         self.ptr = {c: np.concatenate(([0], np.cumsum(self.cols[n])[:-1])).astype(np.int64)
                     for c, n in (("member_rank", "member_count"), ("link_idx", "link_count"))}
         self.dep_ptr = np.concatenate(([0], np.cumsum(self.cols["dep_count"])[:-1])).astype(
             np.int64)
-        self.dep_inside = np.array([i for t in tapes for i, _ in t.deps], bool)
-        self.dep_value = np.array([v for t in tapes for _, v in t.deps], np.int64)
+        self.dep_inside = np.concatenate([p["dep_inside"] for p in pieces]
+                                         or [np.zeros(0, bool)])
+        self.dep_value = np.concatenate([p["dep_value"] for p in pieces]
+                                        or [np.zeros(0, np.int64)])
         self.done_row = np.array([t.done[0][1][0] if len(t.done) == 1 and t.done[0][0] == 0
                                   and len(t.done[0][1]) == 1 else -1 for t in tapes], np.int64)
         self.inputs = np.array([t.input_shape[0] if len(t.input_shape) == 1 else -1
                                 for t in tapes], np.int64)
         """Inputs of each tape on its one unit (-1: several units)."""
+        return self
+
+
+def _joined(pieces: list[np.ndarray]) -> np.ndarray:
+    """The tapes' arrays of one column end to end (empty ones left out, so they do not turn
+    an integer column into floats): the array of all their values."""
+    kept = [p for p in pieces if len(p)]
+    return np.concatenate(kept) if kept else np.array([])

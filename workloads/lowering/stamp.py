@@ -15,8 +15,7 @@ test_lowering_stamp.py compares whole programs with the plain lowering's).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from itertools import repeat
+from collections.abc import Hashable, Iterable
 from operator import attrgetter
 from typing import Any, cast
 
@@ -71,6 +70,8 @@ class SlotMap(dict[Any, Any]):
         if arr is None or not 0 <= j < len(arr):
             return _ABSENT
         v = arr[j]
+        if arr.ndim == 2:  # several ids per entry (`put_rows`)
+            return _ABSENT if v[0] < 0 else v.tolist()
         if self._ids:
             return _ABSENT if v < 0 else [int(v)]
         return _ABSENT if np.isnan(v) else float(v)
@@ -117,8 +118,12 @@ class SlotMap(dict[Any, Any]):
         return self._in_dict.get(prefix, set())
 
     def look(self, prefix: Hashable, js: np.ndarray) -> np.ndarray:
-        """The array values at `js` (missing where the array has none)."""
+        """The array values at `js` (missing where the array has none). Entries of several
+        ids (`put_rows`) are not read here: where `prefix` has them, every entry is missing
+        (so `taken` says True and callers take the dict's path)."""
         arr = self._arrays.get(prefix)
+        if arr is not None and arr.ndim == 2:
+            return np.full(len(js), -1, np.int64)
         missing = -1 if self._ids else np.nan
         if arr is None:
             return np.full(len(js), missing, np.int64 if self._ids else np.float64)
@@ -129,6 +134,9 @@ class SlotMap(dict[Any, Any]):
 
     def taken(self, prefix: Hashable, js: np.ndarray) -> bool:
         """Whether any key (`prefix`, j in `js`) has an entry, or `js` repeats one."""
+        arr = self._arrays.get(prefix)
+        if arr is not None and arr.ndim == 2:
+            return True
         found = self.look(prefix, js)
         if (found >= 0).any() if self._ids else (~np.isnan(found)).any():
             return True
@@ -149,6 +157,44 @@ class SlotMap(dict[Any, Any]):
                 grown[:len(arr)] = arr
             self._arrays[prefix] = arr = grown
         arr[js] = values
+
+    def look_rows(self, prefix: Hashable, js: np.ndarray, width: int) -> np.ndarray | None:
+        """The entries of `width` ids at `js` as rows (-1 rows where missing); None when
+        `prefix` holds entries of another form (one id, or another width)."""
+        arr = self._arrays.get(prefix)
+        if arr is None:
+            return np.full((len(js), width), -1, np.int64)
+        if arr.ndim != 2 or arr.shape[1] != width:
+            return None
+        inside = js < len(arr)
+        if inside.all():
+            return cast(np.ndarray, arr[js])
+        out = np.full((len(js), width), -1, np.int64)
+        out[inside] = arr[js[inside]]
+        return out
+
+    def rows_taken(self, prefix: Hashable, js: np.ndarray, width: int) -> bool:
+        """`taken` for entries of `width` ids (True too where `prefix` holds another form)."""
+        found = self.look_rows(prefix, js, width)
+        if found is None or (found[:, 0] >= 0).any():
+            return True
+        in_dict = self._in_dict.get(prefix)
+        if in_dict and not in_dict.isdisjoint(js.tolist()):
+            return True
+        return len(js) > 1 and int(np.bincount(js).max()) > 1
+
+    def put_rows(self, prefix: Hashable, js: np.ndarray, rows: np.ndarray) -> None:
+        """Entries (`prefix`, j) = the ids of a row of `rows` (ids maps only; `rows_taken`
+        must have said False)."""
+        arr = self._arrays.get(prefix)
+        need = int(js.max()) + 1 if len(js) else 0
+        if arr is None or len(arr) < need:
+            size = max(need, 2 * len(arr) if arr is not None else 0, 64)
+            grown = np.full((size, rows.shape[1]), -1, np.int64)
+            if arr is not None:
+                grown[:len(arr)] = arr
+            self._arrays[prefix] = arr = grown
+        arr[js] = rows
 
     def clear_slots(self, prefix: Hashable, js: np.ndarray) -> None:
         """Forget the array entries (`prefix`, j in `js`)."""
@@ -218,16 +264,7 @@ def stamp_run(b: ChunkedBuilder, bank: Bank, tapes: list[Tape], index: np.ndarra
                     return False
                 found[q] = ids[0]
             slots[at, slot] = found
-    g = _gather(bank.row_off[index], rows)
-    owner = np.repeat(np.arange(n, dtype=np.int64), rows)
-    columns: dict[str, np.ndarray] = {}
-    for column in _CONST:
-        if column in bank.ptr:
-            counts = bank.cols["member_count" if column == "member_rank" else "link_count"][g]
-            columns[column] = bank.cols[column][_gather(bank.ptr[column][g], counts)]
-        else:
-            columns[column] = bank.cols[column][g]
-    columns["name_arg"] = columns["micro_batch"] = js[owner]
+    columns, g, owner = run_columns(bank, index, js)
     dep_counts = bank.cols["dep_count"][g]
     dg = _gather(bank.dep_ptr[g], dep_counts)
     dep_owner = np.repeat(owner, dep_counts)
@@ -253,27 +290,60 @@ def stamp_run(b: ChunkedBuilder, bank: Bank, tapes: list[Tape], index: np.ndarra
         free = np.where(flag, (due + extras)[owner], free)
     columns["mem_free_bytes"] = free
     b.append_chunk(columns)
+    note_links(((tapes[i], at) for i, at in at_tape.items()), base, js, late=late, recv=recv,
+               last_compute=last_compute, several_rows=False)
+    return True
+
+
+def note_links(tapes_at: Iterable[tuple[Tape, np.ndarray]], base: np.ndarray, js: np.ndarray,
+               *, late: LateRuns, recv: SlotMap, last_compute: dict[int, int],
+               several_rows: bool) -> None:
+    """Record what a stamped run leaves for later instructions: its late deps (`late`), the
+    rows a transfer's receiver waits for (`recv`: one row per micro-batch, or with
+    `several_rows` a row of them, in the map's arrays; else a list per key) and each rank's
+    last compute task. `tapes_at`: each tape with the run's instructions q that replay it."""
     last: dict[int, tuple[int, int]] = {}
-    for i, at in at_tape.items():
-        tape = tapes[i]
+    for tape, at in tapes_at:
         for prows, stage, direction, u in tape.patch:
             pr = np.asarray(prows, np.int64)
             late.append(((stage, direction, u), (base[at][:, None] + pr).ravel(),
                          np.repeat(js[at], len(pr))))
         for stage, direction, u, rrows in tape.recv:
             prefix = (stage, direction, u)
-            if len(rrows) == 1 and not recv.taken(prefix, js[at]):
+            if several_rows:
+                rr = np.asarray(rrows, np.int64)
+                if not recv.rows_taken(prefix, js[at], len(rr)):
+                    recv.put_rows(prefix, js[at], base[at][:, None] + rr)
+                    continue
+            elif len(rrows) == 1 and not recv.taken(prefix, js[at]):
                 recv.put(prefix, js[at], base[at] + rrows[0])
                 continue
             for first, j in zip(base[at].tolist(), js[at].tolist()):
                 recv.setdefault((stage, direction, j, u), []).extend([first + r for r in rrows])
-        for p, row in tape.last_compute:
+        for rank, row in tape.last_compute:
             q = int(at[-1])
-            if p not in last or last[p][0] < q:
-                last[p] = (q, int(base[q]) + row)
-    for p, (_, tid) in last.items():
-        last_compute[p] = tid
-    return True
+            if rank not in last or last[rank][0] < q:
+                last[rank] = (q, int(base[q]) + row)
+    for rank, (_, tid) in last.items():
+        last_compute[rank] = tid
+
+
+def run_columns(bank: Bank, index: np.ndarray, js: np.ndarray
+                ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """The `_CONST` columns and the micro-batch columns of a run (tape `index[q]`, micro-batch
+    `js[q]`), with each row's place in the bank and its instruction q."""
+    rows = bank.rows[index]
+    g = _gather(bank.row_off[index], rows)
+    owner = np.repeat(np.arange(len(index), dtype=np.int64), rows)
+    columns: dict[str, np.ndarray] = {}
+    for column in _CONST:
+        if column in bank.ptr:
+            counts = bank.cols["member_count" if column == "member_rank" else "link_count"][g]
+            columns[column] = bank.cols[column][_gather(bank.ptr[column][g], counts)]
+        else:
+            columns[column] = bank.cols[column][g]
+    columns["name_arg"] = columns["micro_batch"] = js[owner]
+    return columns, g, owner
 
 
 def _values(a: np.ndarray) -> list[int]:
@@ -293,27 +363,38 @@ def _put_sizes(held: SlotMap, prefix: tuple[int, int], js: np.ndarray, size: flo
     held.put(prefix, js, np.full(len(js), size))
 
 
-def late_deps(late: LateRuns, recv: SlotMap) -> tuple[list[int], list[int]]:
+def late_deps(late: LateRuns, recv: SlotMap) -> tuple[np.ndarray, np.ndarray]:
     """(owners, deps) of the late deps of stamped runs, each owner's in the order of its
-    transfer's list (`_patch_deps`)."""
-    owners: list[int] = []
-    deps: list[int] = []
+    transfer's list (`_patch_deps`), as arrays."""
+    owners: list[np.ndarray] = []
+    deps: list[np.ndarray] = []
     for prefix, own, js in late:
-        ids = recv.look(prefix, js)
-        hit = ids >= 0
-        owners.extend(own[hit].tolist())
-        deps.extend(ids[hit].tolist())
+        arr = recv.array(prefix)
+        if arr is not None and arr.ndim == 2:  # a row of ids per entry (stamp_units.py)
+            found = cast(np.ndarray, recv.look_rows(prefix, js, arr.shape[1]))
+            hit = found[:, 0] >= 0
+            owners.append(np.repeat(own[hit], arr.shape[1]))
+            deps.append(found[hit].ravel())
+        else:
+            ids = recv.look(prefix, js)
+            hit = ids >= 0
+            owners.append(own[hit])
+            deps.append(ids[hit])
         in_dict = recv.dict_indices(prefix)
         if not in_dict or hit.all():
             continue
         stage, direction, u = prefix
         for o, j in zip(own[~hit].tolist(), js[~hit].tolist()):
             if j in in_dict:
-                found = dict.get(recv, (stage, direction, j, u))
-                if found:
-                    owners.extend(repeat(o, len(found)))
-                    deps.extend(found)
-    return owners, deps
+                listed = dict.get(recv, (stage, direction, j, u))
+                if listed:
+                    owners.append(np.full(len(listed), o, np.int64))
+                    deps.append(np.asarray(listed, np.int64))
+    if not owners:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return (np.concatenate(owners).astype(np.int64, copy=False),
+            np.concatenate(deps).astype(np.int64, copy=False))
 
 
-__all__ = ["KIND_CODES", "LateRuns", "SlotMap", "late_deps", "stamp_run", "stamp_tuples"]
+__all__ = ["KIND_CODES", "LateRuns", "SlotMap", "late_deps", "run_columns", "stamp_run",
+           "stamp_tuples"]
