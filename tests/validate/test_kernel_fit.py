@@ -1,0 +1,79 @@
+"""Efficiency curves from recorded kernel times (validate/kernel_fit.py) and the recorded H100
+data beside it (validate/data/h100_*.csv, bench/gpu_record.py)."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from trainsim.errors import SpecError
+from trainsim.hwmodels.gpus import get_gpu
+from trainsim.validate.kernel_fit import FLASH_BACKWARD, catalog_efficiency, fit_kernel_curves
+from trainsim.validate.published_runs import NotExpressible, express, read_runs
+
+DATA = Path(__file__).resolve().parents[2] / "validate" / "data"
+GPU = "H100-SXM5-80GB"
+OVERHEAD = 4e-6
+FLOOR = 10e-6
+
+
+def _write(path: Path, rows: list[dict[str, object]]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["kind", "shape", "flops", "bytes", "median_s",
+                                          "p25_s", "p75_s"])
+        w.writeheader()
+        for r in rows:
+            w.writerow({"shape": "1", "flops": 0.0, "bytes": 0.0, "p25_s": 0, "p75_s": 0, **r})
+    return path
+
+
+def test_fit_recovers_the_efficiencies_kernels_were_made_with(tmp_path: Path) -> None:
+    gpu = get_gpu(GPU)
+    peak = gpu.peak_flops("bf16", gpu.sm_clock_max_mhz)
+    bw = gpu.memory_bandwidth_bytes_per_s
+    rows: list[dict[str, object]] = [{"kind": "launch", "median_s": FLOOR}]
+    for x_us, eff in ((50.0, 0.6), (400.0, 0.7), (3000.0, 0.75)):  # one per factor-2 bin
+        flops = x_us * 1e-6 * peak
+        rows.append({"kind": "gemm", "flops": flops, "median_s": x_us * 1e-6 / eff + OVERHEAD})
+    rows.append({"kind": "gemm", "flops": 1e-6 * peak, "median_s": 2.5 * FLOOR})  # dispatch
+    fwd_us, eff_all = 1000.0, 0.8
+    fwd_flops = fwd_us * 1e-6 * peak
+    both = (1 + FLASH_BACKWARD) * fwd_us * 1e-6 / eff_all + 2 * OVERHEAD
+    rows += [{"kind": "sdpa_causal_fwd", "shape": "a", "flops": fwd_flops, "median_s": 0.5e-3},
+             {"kind": "sdpa_causal_fwdbwd", "shape": "a",
+              "flops": (1 + FLASH_BACKWARD) * fwd_flops, "median_s": both}]
+    rows.append({"kind": "ew_copy", "bytes": 200e-6 * bw, "median_s": 200e-6 / 0.9 + OVERHEAD})
+    fit = fit_kernel_curves(_write(tmp_path / "k.csv", rows), GPU, OVERHEAD)
+    assert [e for _, e in fit["gemm"]] == pytest.approx([0.6, 0.7, 0.75], abs=1e-3)
+    assert [x for x, _ in fit["gemm"]] == pytest.approx([50.0, 400.0, 3000.0], abs=0.1)
+    (x, e), = fit["flash_attention"]
+    assert e == pytest.approx(eff_all, abs=1e-3)
+    assert x == pytest.approx(fwd_us * math.sqrt(FLASH_BACKWARD), abs=0.1)
+    assert fit["memory"] == [[pytest.approx(200.0, abs=0.1), pytest.approx(0.9, abs=1e-3)]]
+
+
+def test_fit_refuses_a_file_of_another_kind(tmp_path: Path) -> None:
+    path = tmp_path / "other.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(SpecError, match="kernels.csv"):
+        fit_kernel_curves(path, GPU, OVERHEAD)
+
+
+def test_recorded_h100_kernels_disagree_with_the_assumed_hopper_curves_as_documented() -> None:
+    """hwmodels/data/SOURCES.md states what the H100 recording says about the assumed Hopper
+    curves; if the catalog or the data change, that text must change with them."""
+    fit = fit_kernel_curves(DATA / "h100_kernels.csv", GPU, OVERHEAD)
+    large_gemm = [e / catalog_efficiency("gemm", x, GPU) for x, e in fit["gemm"] if x >= 250]
+    assert large_gemm and all(0.85 <= r <= 0.95 for r in large_gemm)
+    long_flash = [e / catalog_efficiency("flash_attention", x, GPU)
+                  for x, e in fit["flash_attention"] if x >= 800]
+    assert long_flash and all(2.2 <= r <= 2.7 for r in long_flash)
+
+
+def test_recorded_h100_training_runs_are_all_expressible() -> None:
+    runs = read_runs(DATA / "h100_runs.csv")
+    assert len(runs) == 12
+    assert not [r for r in runs if isinstance(express(r), NotExpressible)]

@@ -1,0 +1,119 @@
+"""Roofline-efficiency curves from a GPU's recorded kernel times (bench/gpu_record.py).
+
+The catalog's curves (hwmodels/data/efficiency.json) give, per op class, the achieved fraction of
+peak as a function of the op's *ideal* duration x (FLOPs / peak or bytes / bandwidth, in µs);
+an op takes ideal / eff(x) + the launch overhead. This module inverts that for measured kernels:
+
+* ``gemm``: eff = ideal / (t − overhead) of each bf16 ``F.linear`` shape, the median over the
+  shapes that fall in one bin of x (bins a factor √2 wide), so the curve is the typical
+  transformer GEMM's, not the best shape's. Kernels shorter than 3× the host's launch floor
+  (the ``launch`` row: a one-element add, back to back) are left out: their time is eager
+  PyTorch's dispatch rate, not the GPU's; below the smallest x kept the catalog keeps its
+  earlier (assumed) points.
+* ``flash_attention``: causal SDPA (FlashAttention/cuDNN), with FLOPs counted as trainsim counts
+  them (non-causal 4·b·a·s²·d forward, 2.5× that backward: workloads/transformer_block.py). One
+  curve serves both passes (the op model indexes both by their own ideal duration), so each
+  sequence length gives one point: the forward+backward efficiency 3.5·ideal_fwd / t, placed at
+  √2.5 · x_fwd, between the two passes' x. The backward is the less efficient pass (measured
+  bwd/fwd time 3.0–3.5 against a FLOP ratio of 2.5), so a forward is predicted a little slow
+  and a backward a little fast; their sum is what the curve fits.
+* ``memory``: eff = ideal / (t − overhead) of streaming kernels (add, GeLU, copy), bytes read
+  plus written over the catalog bandwidth, with the same launch-floor rule (bins a factor 4
+  wide).
+
+``python -m trainsim.validate.kernel_fit validate/data/h100_kernels.csv --gpu H100-SXM5-80GB``
+prints the fitted points beside the catalog's curve at the same x (measured / catalog). The
+catalog's Hopper curves are not replaced by these yet: hwmodels/data/SOURCES.md says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from trainsim.errors import SpecError
+from trainsim.hwmodels.gpus import get_gpu
+from trainsim.hwmodels.opcost import RooflineCostModel
+
+FLASH_BACKWARD = 2.5
+"""Backward FLOPs of the attention kernel over its forward (workloads/transformer_block.py)."""
+_US = 1e6
+
+
+def _binned(points: list[tuple[float, float]], width: float = math.sqrt(2.0)
+            ) -> list[list[float]]:
+    """Median x and median efficiency per log bin of x (bins `width` wide), ascending in x."""
+    bins: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for x, e in points:
+        bins[round(math.log(x, width))].append((x, e))
+    return [[round(statistics.median(x for x, _ in b), 1), round(statistics.median(e for _, e in b), 3)]
+            for _, b in sorted(bins.items())]
+
+
+def fit_kernel_curves(path: str | Path, gpu_name: str, overhead_s: float
+                      ) -> dict[str, list[list[float]]]:
+    """Curve points [x µs, efficiency] per class (gemm, flash_attention, memory) from a
+    kernels.csv written by bench/gpu_record.py, against `gpu_name`'s catalog peak (bf16 at its
+    top clock) and memory bandwidth, with `overhead_s` taken off each kernel's time."""
+    gpu = get_gpu(gpu_name)
+    peak = gpu.peak_flops("bf16", gpu.sm_clock_max_mhz)
+    bandwidth = gpu.memory_bandwidth_bytes_per_s
+    with Path(path).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or "median_s" not in rows[0]:
+        raise SpecError(f"{path}: not a kernels.csv of bench/gpu_record.py")
+    floor = min((float(r["median_s"]) for r in rows if r["kind"] == "launch"), default=0.0)
+    gemm, flash, memory = [], [], []
+    forward = {r["shape"]: float(r["median_s"]) for r in rows if r["kind"] == "sdpa_causal_fwd"}
+    for r in rows:
+        kind, t = r["kind"], float(r["median_s"])
+        if kind != "sdpa_causal_fwdbwd" and t < 3.0 * floor:
+            continue  # the host's dispatch rate, not the kernel, sets this time
+        if kind == "gemm":
+            ideal = float(r["flops"]) / peak
+            gemm.append((ideal * _US, ideal / max(t - overhead_s, 1e-9)))
+        elif kind == "sdpa_causal_fwdbwd" and r["shape"] in forward:
+            ideal_fwd = float(r["flops"]) / (1.0 + FLASH_BACKWARD) / peak
+            flash.append((ideal_fwd * math.sqrt(FLASH_BACKWARD) * _US,
+                           (1.0 + FLASH_BACKWARD) * ideal_fwd / max(t - 2 * overhead_s, 1e-9)))
+        elif kind.startswith("ew_"):
+            ideal = float(r["bytes"]) / bandwidth
+            memory.append((ideal * _US, ideal / (t - overhead_s)))
+    return {"gemm": _binned(gemm, 2.0), "flash_attention": _binned(flash, 2.0),
+            "memory": _binned(memory, 4.0)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Fit roofline-efficiency curves to recorded kernels.")
+    ap.add_argument("kernels", type=Path)
+    ap.add_argument("--gpu", default="H100-SXM5-80GB")
+    ap.add_argument("--overhead-us", type=float, default=4.0,
+                    help="per-kernel launch overhead of the catalog's curve (µs)")
+    args = ap.parse_args()
+    curves = fit_kernel_curves(args.kernels, args.gpu, args.overhead_us / _US)
+    print(f"{'class':16s} {'x (us)':>9s} {'measured':>9s} {'catalog':>8s} {'ratio':>6s}")
+    for cls, points in curves.items():
+        for x, e in points:
+            c = catalog_efficiency(cls, x, args.gpu)
+            print(f"{cls:16s} {x:9.1f} {e:9.3f} {c:8.3f} {e / c:6.2f}")
+    print(json.dumps(curves))
+
+
+def catalog_efficiency(cls: str, x_us: float, gpu_name: str) -> float:
+    """The catalog's efficiency for `cls` at ideal duration `x_us` (flash attention: the
+    class its kind maps to; memory: the memory curve)."""
+    model, gpu = RooflineCostModel(), get_gpu(gpu_name)
+    if cls == "memory":
+        return model.memory_efficiency(x_us / _US * gpu.memory_bandwidth_bytes_per_s, gpu)
+    kind = "matmul" if cls == "gemm" else cls
+    peak = gpu.peak_flops("bf16", gpu.sm_clock_max_mhz)
+    return model.compute_efficiency(kind, x_us / _US * peak, gpu, "bf16")
+
+
+if __name__ == "__main__":
+    main()
