@@ -16,6 +16,8 @@ a smoke run of the same code at toy sizes). It writes three files into ``--out``
   cross entropy, optionally full activation checkpointing per block.
 * ``step_kernels.csv``: each run's GPU time per kernel name and step (torch.profiler over
   two more steps), to split a step's time by op class.
+* ``attention_backends.csv`` (``--attention-backends``): causal SDPA per backend (cuDNN,
+  FlashAttention-2, memory-efficient): the kernel a stack's torch picks sets attention's speed.
 * ``meta.json``: GPU name, torch/CUDA versions, nvidia-smi's power limit and clocks (read only).
 
 Why a script of its own rather than `sim profile`: that command times the validation models'
@@ -133,6 +135,42 @@ def kernel_rows(dev: torch.device, small: bool) -> list[dict[str, Any]]:
         add("ew_gelu", (n,), 8.0 * n, 2.0 * 2 * n, timed(lambda x=x: F.gelu(x), dev))
         add("ew_copy", (n,), 0.0, 2.0 * 2 * n, timed(lambda x=x: x.clone(), dev))
         del x, y
+    return rows
+
+
+def attention_backend_rows(dev: torch.device, small: bool) -> list[dict[str, Any]]:
+    """Causal SDPA forward and forward+backward per backend torch offers here (cuDNN,
+    FlashAttention-2, memory-efficient): which kernel a stack runs changes attention's speed."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    heads, d = (4, 32) if small else (32, 128)
+    rows = []
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                    SDPBackend.EFFICIENT_ATTENTION):
+        for s in ((64, 128) if small else (1024, 4096, 8192)):
+            b = max(1, (256 if small else 16384) // s)
+            q, k, v = (torch.randn(b, heads, s, d, device=dev, dtype=torch.bfloat16,
+                                   requires_grad=True) for _ in range(3))
+            grad = torch.randn(b, heads, s, d, device=dev, dtype=torch.bfloat16)
+
+            def fwd(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v) -> Any:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            def both(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v,
+                     grad: torch.Tensor = grad) -> None:
+                torch.autograd.grad(fwd(q, k, v), (q, k, v), grad)
+            try:
+                with sdpa_kernel(backend):
+                    tf, tb = timed(fwd, dev)[0], timed(both, dev)[0]
+            except RuntimeError as exc:  # the backend does not run here
+                print(f"{backend.name} s={s}: {str(exc)[:120]}", flush=True)
+                continue
+            flops = 4.0 * b * heads * s * s * d
+            rows.append({"backend": backend.name, "shape": f"{b * heads}x{s}x{s}x{d}",
+                         "fwd_flops": flops, "fwd_s": tf, "fwdbwd_s": tb})
+            print(f"{backend.name:20s} s={s:5d} fwd {1e6 * tf:9.1f} us fwd+bwd {1e6 * tb:9.1f} us "
+                  f"({3.5 * flops / tb / 1e12:6.1f} TF/s counted non-causal)", flush=True)
+            del q, k, v, grad
     return rows
 
 
@@ -305,9 +343,13 @@ def training_rows(dev: torch.device, small: bool, gpu: str, steps: int, which: l
     return rows, by_kernel
 
 
-def smi() -> dict[str, str]:
+SMI_FIELDS = ("name", "power.limit", "power.max_limit", "clocks.sm", "clocks.max.sm",
+              "clocks.mem", "memory.total")
+
+
+def smi(names: tuple[str, ...] = SMI_FIELDS) -> dict[str, str]:
     """nvidia-smi's read-only view of the card (name, power limit, clocks)."""
-    fields = "name,power.limit,power.max_limit,clocks.sm,clocks.max.sm,clocks.mem,memory.total"
+    fields = ",".join(names)
     try:
         out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
                              check=False, capture_output=True, text=True, timeout=20).stdout.strip()
@@ -336,6 +378,8 @@ def main() -> int:
     ap.add_argument("--runs", default="all", help="'all', 'none' or indices into RUNS "
                     "(0,2); one process per run keeps one run's memory out of the next")
     ap.add_argument("--no-kernels", action="store_true", help="skip the kernel sweep")
+    ap.add_argument("--attention-backends", action="store_true",
+                    help="also time causal SDPA per backend (attention_backends.csv)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -354,6 +398,9 @@ def main() -> int:
         meta["smi_after_kernels"] = smi()
         write_csv(args.out / "kernels.csv", kernels, list(kernels[0]))
         (args.out / "meta.json").write_text(json.dumps(meta, indent=1))
+    if args.attention_backends:
+        backends = attention_backend_rows(dev, args.small)
+        write_csv(args.out / "attention_backends.csv", backends, list(backends[0]))
     which = list(range(len(RUNS))) if args.runs == "all" else [] if args.runs == "none" \
         else [int(i) for i in args.runs.split(",") if i]
     runs, by_kernel = training_rows(dev, args.small, args.gpu, args.steps, which)

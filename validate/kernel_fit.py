@@ -32,6 +32,7 @@ import argparse
 import csv
 import json
 import math
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -88,12 +89,32 @@ def fit_kernel_curves(path: str | Path, gpu_name: str, overhead_s: float
             "memory": _binned(memory, 4.0)}
 
 
+_MEMORY_NOTE = re.compile(r"max allocated ([0-9.]+) GiB, max reserved ([0-9.]+) GiB")
+
+
+def reserved_over_allocated(path: str | Path) -> list[float]:
+    """Max reserved / max allocated memory of each recorded training run (its notes, as
+    bench/gpu_record.py writes them): what PyTorch's caching allocator holds beyond the tensors
+    at their peak (blocks rounded up, freed blocks cached for reuse, fragmentation)."""
+    ratios = []
+    with Path(path).open(newline="") as f:
+        for row in csv.DictReader(f):
+            found = _MEMORY_NOTE.search(row.get("notes", ""))
+            if row.get("ref_kind") == "peak_memory_gib" and found:
+                ratios.append(float(found[2]) / float(found[1]))
+    if not ratios:
+        raise SpecError(f"{path}: no run notes with max allocated / max reserved memory")
+    return ratios
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Fit roofline-efficiency curves to recorded kernels.")
     ap.add_argument("kernels", type=Path)
     ap.add_argument("--gpu", default="H100-SXM5-80GB")
     ap.add_argument("--overhead-us", type=float, default=4.0,
                     help="per-kernel launch overhead of the catalog's curve (µs)")
+    ap.add_argument("--runs", type=Path, help="runs.csv of the same recording: also print "
+                    "each run's reserved / allocated memory")
     args = ap.parse_args()
     curves = fit_kernel_curves(args.kernels, args.gpu, args.overhead_us / _US)
     print(f"{'class':16s} {'x (us)':>9s} {'measured':>9s} {'catalog':>8s} {'ratio':>6s}")
@@ -102,6 +123,10 @@ def main() -> None:
             c = catalog_efficiency(cls, x, args.gpu)
             print(f"{cls:16s} {x:9.1f} {e:9.3f} {c:8.3f} {e / c:6.2f}")
     print(json.dumps(curves))
+    if args.runs is not None:
+        ratios = reserved_over_allocated(args.runs)
+        print(f"reserved / allocated: {', '.join(f'{r:.3f}' for r in ratios)}; "
+              f"median {statistics.median(ratios):.3f}")
 
 
 def catalog_efficiency(cls: str, x_us: float, gpu_name: str) -> float:

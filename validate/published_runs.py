@@ -198,6 +198,8 @@ class Expressed:
     cluster: Cluster
     plan: ParallelPlan
     assumptions: tuple[str, ...] = ()
+    logged_memory_factor: float = 1.0
+    """The stack's logged peak memory over its tensors' peak (FrameworkProfile)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,7 +355,8 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
         plan = ParallelPlan.build(model, cluster, **fields)
     except TrainsimError as exc:
         return no(f"plan refused: {exc}")
-    return Expressed(model, cluster, plan, tuple(notes))
+    return Expressed(model, cluster, plan, tuple(notes),
+                     float(get_framework(framework).logged_memory_factor.value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,12 +380,15 @@ class RowResult:
 def predict(expressed: Expressed, options: LoweringOptions | None = None,
             engine: str = "numba") -> dict[str, Any]:
     """Simulate one iteration: tokens/s per GPU (global batch × seq / time / GPUs), peak
-    memory over GPUs in GiB, and whether it runs out of memory."""
+    memory over GPUs in GiB as the stack logs it (the tensors' peak times the profile's
+    `logged_memory_factor`: torchtitan reports reserved memory), and whether it runs out of
+    memory (tensors alone over capacity)."""
     plan, cluster = expressed.plan, expressed.cluster
     result = run_program(lower(expressed.model, cluster, plan, options), engine=engine)
     tokens = (plan.global_batch or 0) * (plan.seq_len or expressed.model.seq_len)
     return {THROUGHPUT: tokens / result.iteration_time_s / cluster.num_gpus,
-            MEMORY: result.peak_memory_bytes / GIB, "oom": result.oom}
+            MEMORY: result.peak_memory_bytes * expressed.logged_memory_factor / GIB,
+            "oom": result.oom}
 
 
 def evaluate(runs: Sequence[PublishedRun], *, options: LoweringOptions | None = None,

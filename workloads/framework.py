@@ -88,6 +88,11 @@ class FrameworkProfile:
         value=0.0, source="assumed: not modelled"))
     """Bytes per logit the loss's backward holds beyond the saved fp32 logits
     (`ModelSpec.loss_workspace_bytes`)."""
+    logged_memory_factor: Sourced = field(default_factory=lambda: Sourced(
+        value=1.0, source="assumed: the stack reports peak allocated bytes"))
+    """The peak memory the stack logs over the peak bytes its tensors take (1: it reports
+    allocated memory; above 1: it reports what PyTorch's caching allocator reserved). Used
+    where a prediction is compared with the stack's own figure (`sim accuracy`)."""
     pipeline_microbatches: Sourced = field(default_factory=lambda: Sourced(
         value="given", source="assumed: the run states its micro-batch size"))
     """How a pipeline-parallel run splits each data-parallel rank's local batch: "given"
@@ -122,6 +127,15 @@ def _workspace(where: str, raw: object) -> Sourced:
     return Sourced(value=float(entry.value), source=entry.source)
 
 
+def _memory_factor(where: str, raw: object) -> Sourced:
+    """A ratio of logged to allocated peak memory: a number in [1, 2]."""
+    entry = _sourced(where, raw, object)
+    if not isinstance(entry.value, (int, float)) or isinstance(entry.value, bool) \
+            or not 1 <= entry.value <= 2:
+        raise DataFileError(f"{where}.value={entry.value!r} must be a ratio in [1, 2]")
+    return Sourced(value=float(entry.value), source=entry.source)
+
+
 def _traffic(where: str, raw: object) -> Sourced:
     """Op kind or name suffix -> factor in [1, 64]."""
     entry = _sourced(where, raw, object)
@@ -138,6 +152,7 @@ _OPTIONAL: dict[str, Callable[[str, object], Sourced]] = {
     "pipeline_microbatches": lambda where, raw: _sourced(where, raw, ("given", "pp")),
     "selective_recompute": lambda where, raw: _sourced(where, raw, SELECTIVE_POLICIES),
     "loss_workspace": _workspace,
+    "logged_memory_factor": _memory_factor,
     "reshard_with_pp": lambda where, raw: _sourced(where, raw, bool),
     "distributed_optimizer": lambda where, raw: _sourced(where, raw, bool),
     "fp8_recipe": lambda where, raw: _sourced(where, raw, FP8_RECIPES),

@@ -4,15 +4,29 @@ data beside it (validate/data/h100_*.csv, bench/gpu_record.py)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
+import statistics
 from pathlib import Path
 
 import pytest
 
 from trainsim.errors import SpecError
 from trainsim.hwmodels.gpus import get_gpu
-from trainsim.validate.kernel_fit import FLASH_BACKWARD, catalog_efficiency, fit_kernel_curves
-from trainsim.validate.published_runs import NotExpressible, express, read_runs
+from trainsim.validate.kernel_fit import (
+    FLASH_BACKWARD,
+    catalog_efficiency,
+    fit_kernel_curves,
+    reserved_over_allocated,
+)
+from trainsim.validate.published_runs import (
+    MEMORY,
+    THROUGHPUT,
+    NotExpressible,
+    express,
+    predict,
+    read_runs,
+)
 
 DATA = Path(__file__).resolve().parents[2] / "validate" / "data"
 GPU = "H100-SXM5-80GB"
@@ -77,3 +91,36 @@ def test_recorded_h100_training_runs_are_all_expressible() -> None:
     runs = read_runs(DATA / "h100_runs.csv")
     assert len(runs) == 12
     assert not [r for r in runs if isinstance(express(r), NotExpressible)]
+
+
+def test_torchtitan_logged_memory_factor_is_the_recorded_median() -> None:
+    """frameworks.yaml's torchtitan factor is the median reserved / allocated ratio of the
+    recorded runs (what its source says); rerecording the runs must update it."""
+    from trainsim.workloads.framework import get_framework
+
+    ratios = reserved_over_allocated(DATA / "h100_runs.csv")
+    assert len(ratios) == 6 and all(1.0 < r < 1.5 for r in ratios)
+    for name in ("torchtitan", "torchtitan-compile"):
+        factor = get_framework(name).logged_memory_factor.value
+        assert factor == pytest.approx(statistics.median(ratios), abs=5e-4)
+    assert get_framework("megatron").logged_memory_factor.value == 1.0
+
+
+def test_accuracy_compares_memory_as_the_stack_logs_it() -> None:
+    """A torchtitan row's predicted memory is the tensors' peak times the logged-memory factor
+    (torchtitan logs reserved memory); throughput is untouched."""
+    run = next(r for r in read_runs(DATA / "h100_runs.csv") if r.ref_kind == "peak_memory_gib")
+    expressed = express(run)
+    assert not isinstance(expressed, NotExpressible)
+    assert expressed.logged_memory_factor > 1.0
+    logged = predict(expressed)
+    allocated = predict(dataclasses.replace(expressed, logged_memory_factor=1.0))
+    assert logged[MEMORY] == pytest.approx(allocated[MEMORY] * expressed.logged_memory_factor)
+    assert logged[THROUGHPUT] == allocated[THROUGHPUT]
+
+
+def test_reserved_over_allocated_needs_recorded_notes(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_text("ref_kind,notes\npeak_memory_gib,nothing here\n")
+    with pytest.raises(SpecError, match="max allocated"):
+        reserved_over_allocated(path)

@@ -158,6 +158,9 @@ GOOD = {"profiles": {"default": {"attention": {"value": "flash", "source": "assu
     (lambda d: d["profiles"]["default"].update(
         fusions={"everything": {"value": True, "source": "x"}}),
      "profiles.default.fusions.everything: unknown fusion"),
+    (lambda d: d["profiles"]["default"].update(
+        logged_memory_factor={"value": 3, "source": "x"}),
+     r"profiles.default.logged_memory_factor.value=3 must be a ratio in \[1, 2\]"),
 ])
 def test_profile_file_errors_are_one_line_naming_the_field(mutate, message) -> None:
     data = yaml.safe_load(yaml.safe_dump(GOOD))
