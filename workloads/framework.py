@@ -88,6 +88,10 @@ class FrameworkProfile:
         value=0.0, source="assumed: not modelled"))
     """Bytes per logit the loss's backward holds beyond the saved fp32 logits
     (`ModelSpec.loss_workspace_bytes`)."""
+    fsdp_copy_out: Sourced = field(default_factory=lambda: Sourced(
+        value=0.0, source="assumed: parameters view the gathered buffer (no copy)"))
+    """Bytes per parameter the stack's FSDP copies on the compute stream after each parameter
+    all-gather (`ModelSpec.fsdp_copy_out_bytes`)."""
     logged_memory_factor: Sourced = field(default_factory=lambda: Sourced(
         value=1.0, source="assumed: the stack reports peak allocated bytes"))
     """The peak memory the stack logs over the peak bytes its tensors take (1: it reports
@@ -118,12 +122,12 @@ def _sourced(where: str, raw: object, check: tuple[Any, ...] | type) -> Sourced:
 
 
 def _workspace(where: str, raw: object) -> Sourced:
-    """A bytes-per-logit value: a number in [0, 64)."""
+    """A bytes-per-element value (per logit, per parameter): a number in [0, 64)."""
     entry = _sourced(where, raw, object)
     if not isinstance(entry.value, (int, float)) or isinstance(entry.value, bool) \
             or not 0 <= entry.value < 64:
-        raise DataFileError(f"{where}.value={entry.value!r} must be a number of bytes per "
-                            f"logit in [0, 64)")
+        raise DataFileError(f"{where}.value={entry.value!r} must be a number of bytes in "
+                            f"[0, 64)")
     return Sourced(value=float(entry.value), source=entry.source)
 
 
@@ -153,6 +157,7 @@ _OPTIONAL: dict[str, Callable[[str, object], Sourced]] = {
     "selective_recompute": lambda where, raw: _sourced(where, raw, SELECTIVE_POLICIES),
     "loss_workspace": _workspace,
     "logged_memory_factor": _memory_factor,
+    "fsdp_copy_out": _workspace,
     "reshard_with_pp": lambda where, raw: _sourced(where, raw, bool),
     "distributed_optimizer": lambda where, raw: _sourced(where, raw, bool),
     "fp8_recipe": lambda where, raw: _sourced(where, raw, FP8_RECIPES),
@@ -244,6 +249,7 @@ def apply_framework(spec: ModelSpec, framework: str | None = None,
         changes = {"attention": str(profile.attention.value),
                    "selective_policy": str(profile.selective_recompute.value),
                    "loss_workspace_bytes": float(profile.loss_workspace.value),
+                   "fsdp_copy_out_bytes": float(profile.fsdp_copy_out.value),
                    "unfused_traffic": tuple(sorted(profile.unfused_traffic.value.items())),
                    "fp8_recipe": str(profile.fp8_recipe.value)}
     if attention is not None:

@@ -102,9 +102,9 @@ def test_profiles_carry_the_policies_with_sources() -> None:
     ({"selective_recompute": {"value": "some", "source": "x"}},
      "selective_recompute.value='some' is not one of megatron, op"),
     ({"loss_workspace": {"value": -1, "source": "x"}},
-     "loss_workspace.value=-1 must be a number of bytes per logit"),
+     "loss_workspace.value=-1 must be a number of bytes in"),
     ({"loss_workspace": {"value": "8", "source": "x"}},
-     "loss_workspace.value='8' must be a number of bytes per logit"),
+     "loss_workspace.value='8' must be a number of bytes in"),
 ])
 def test_bad_profile_values_are_one_line_naming_the_field(entry: dict[str, Any],
                                                          message: str) -> None:

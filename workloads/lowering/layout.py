@@ -20,9 +20,9 @@ from trainsim.simulator.actions import Action, infer_stage_to_rank
 from trainsim.simulator.schedules import explicit, get_schedule
 from trainsim.workloads.lowering.cache import LoweringCache
 from trainsim.workloads.lowering.options import DEFAULT_OPTIONS, LoweringOptions
-from trainsim.workloads.model import ModelGraph, ModelSpec, build_graph
+from trainsim.workloads.model import Layer, ModelGraph, ModelSpec, build_graph
 from trainsim.workloads.op_parallel import stage_op_degrees
-from trainsim.workloads.op_work import InstructionCosts
+from trainsim.workloads.op_work import InstructionCosts, Work
 from trainsim.workloads.plan import MicroBatch, ParallelPlan
 from trainsim.workloads.stage_costs import instruction_costs
 
@@ -457,7 +457,7 @@ class LoweringLayout:
         degrees = tuple(sorted(plan.op_tp_of_stage(s).items())) if self.has_op_tp(s) else None
         return (tuple(self.stage_layers[vstage]), plan.replica_batch(s, mb_key[0]), mb_key[1],
                 mb_key[2], plan.tp_of_stage(s), plan.sp, plan.ep, plan.recompute_of_stage(s),
-                gpu.name, freq, plan.dtype, degrees)
+                gpu.name, freq, plan.dtype, degrees, self._copies_out())
 
     def _stage_costs(self, vstage: int, mb_key: MbKey, freq: float | None,
                      gpu: GpuSpec) -> InstructionCosts:
@@ -472,12 +472,38 @@ class LoweringLayout:
                 lambda b: [self.graph(MicroBatch(batch_size=b, seq_len=mb_key[1],
                                                  target_len=mb_key[2])).layers[i]
                            for i in idx])
-        return instruction_costs(layers, tp=self.plan.tp_of_stage(s), sp=self.plan.sp,
-                                 ep=self.plan.ep, recompute=self.plan.recompute_of_stage(s),
-                                 cost_model=self.cost_model, gpu=gpu, freq_mhz=freq,
-                                 dtype=self.plan.dtype, op_degrees=degrees,
-                                 layer_cache=None if self.shared is None
-                                 else self.shared.layer_costs)
+        costs = instruction_costs(layers, tp=self.plan.tp_of_stage(s), sp=self.plan.sp,
+                                  ep=self.plan.ep, recompute=self.plan.recompute_of_stage(s),
+                                  cost_model=self.cost_model, gpu=gpu, freq_mhz=freq,
+                                  dtype=self.plan.dtype, op_degrees=degrees,
+                                  layer_cache=None if self.shared is None
+                                  else self.shared.layer_costs)
+        if not self._copies_out():
+            return costs
+        copy = self._copy_out_work(layers, self.plan.tp_of_stage(s), gpu, freq)
+        return dataclasses.replace(costs, forward=costs.forward + copy,
+                                   backward=costs.backward + copy,
+                                   backward_input=costs.backward_input + copy)
+
+    def _copies_out(self) -> bool:
+        """Whether each forward and backward pays FSDP's copy-out of the gathered parameters:
+        ZeRO-3 regathering every pass, under a stack that copies (`fsdp_copy_out_bytes`).
+        Plans that keep the parameters gathered copy once a step (not modelled)."""
+        return (self.plan.zero >= 3 and self.plan.reshard_after_forward
+                and self.model.fsdp_copy_out_bytes > 0)
+
+    def _copy_out_work(self, layers: list[Layer], tp: int, gpu: GpuSpec,
+                       freq: float | None) -> Work:
+        """FSDP2's copy-out, one memory-bound kernel per layer (each block is its own FSDP
+        unit): `fsdp_copy_out_bytes` per parameter of the layer's tensor-parallel shard."""
+        total = Work()
+        for layer in layers:
+            moved = self.model.fsdp_copy_out_bytes * layer.params / tp
+            if moved > 0:
+                est = self.cost_model.estimate("elementwise", 0.0, moved, gpu, freq, "bf16",
+                                               None)
+                total = total + Work(time_s=est.time_s, energy_j=est.time_s * est.power_w)
+        return total
 
     def has_op_tp(self, s: int) -> bool:
         """Whether some op of physical stage `s` has its own tensor-parallel degree (then the
