@@ -34,10 +34,11 @@ import json
 import math
 import re
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-from trainsim.errors import SpecError
+from trainsim.errors import SpecError, TrainsimError
 from trainsim.hwmodels.gpus import get_gpu
 from trainsim.hwmodels.opcost import RooflineCostModel
 
@@ -107,7 +108,19 @@ def reserved_over_allocated(path: str | Path) -> list[float]:
     return ratios
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """The command line; a missing or wrong file or an unknown GPU: one line, exit code 2."""
+    try:
+        report(argv)
+    except (TrainsimError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        line = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) else str(exc)
+        print(f"error: {line}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def report(argv: list[str] | None) -> None:
+    """Print the fitted points beside the catalog's (and the runs' memory ratios)."""
     ap = argparse.ArgumentParser(description="Fit roofline-efficiency curves to recorded kernels.")
     ap.add_argument("kernels", type=Path)
     ap.add_argument("--gpu", default="H100-SXM5-80GB")
@@ -115,7 +128,7 @@ def main() -> None:
                     help="per-kernel launch overhead of the catalog's curve (µs)")
     ap.add_argument("--runs", type=Path, help="runs.csv of the same recording: also print "
                     "each run's reserved / allocated memory")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     curves = fit_kernel_curves(args.kernels, args.gpu, args.overhead_us / _US)
     print(f"{'class':16s} {'x (us)':>9s} {'measured':>9s} {'catalog':>8s} {'ratio':>6s}")
     for cls, points in curves.items():
@@ -141,4 +154,4 @@ def catalog_efficiency(cls: str, x_us: float, gpu_name: str) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

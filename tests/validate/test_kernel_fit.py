@@ -124,3 +124,24 @@ def test_reserved_over_allocated_needs_recorded_notes(tmp_path: Path) -> None:
     path.write_text("ref_kind,notes\npeak_memory_gib,nothing here\n")
     with pytest.raises(SpecError, match="max allocated"):
         reserved_over_allocated(path)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["/nonexistent/kernels.csv"], "No such file or directory"),
+    ([str(DATA / "h100_runs.csv")], "not a kernels.csv"),
+    ([str(DATA / "h100_kernels.csv"), "--gpu", "NOPE"], "unknown GPU type 'NOPE'"),
+])
+def test_command_line_errors_are_one_line_exit_2(argv, message, capsys) -> None:
+    from trainsim.validate.kernel_fit import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_command_line_prints_measured_beside_catalog(capsys) -> None:
+    from trainsim.validate.kernel_fit import main
+
+    assert main([str(DATA / "h100_kernels.csv"), "--runs", str(DATA / "h100_runs.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "flash_attention" in out and "median 1.203" in out
