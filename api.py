@@ -42,6 +42,7 @@ from trainsim.simulator.result import SimResult
 from trainsim.validate.compare import Comparison, compare
 from trainsim.validate.cpu_hardware import cpu_cluster
 from trainsim.validate.devices import backend_for
+from trainsim.validate.kernel_fit import is_kernels_csv, kernels_profile
 from trainsim.validate.kineto_ops import kineto_profile
 from trainsim.validate.profile_db import ProfileDB
 from trainsim.validate.profiled_cost import ProfiledCostModel, load_cost_model
@@ -328,13 +329,16 @@ def calibrate_dvfs(perseus_dir: str | Path, *,
 def calibrate_ops(profile: str | Path | ProfileDB, gpu: str, dtype: str = "fp16"
                   ) -> tuple[OpFit, Calibration]:
     """Fit the roofline's per-class efficiency factors and launch overhead of catalog GPU
-    `gpu` to measured op times (`sim calibrate ops`): a `sim profile` CSV, or a PyTorch
-    profiler (Kineto) trace ``.json`` recorded with shapes. The calibration file carries them
+    `gpu` to measured op times (`sim calibrate ops`): a `sim profile` CSV, a PyTorch
+    profiler (Kineto) trace ``.json`` recorded with shapes, or a kernels.csv of
+    bench/gpu_record.py. The calibration file carries them
     as `op_efficiency`."""
     if isinstance(profile, ProfileDB):
         db = profile
     elif str(profile).endswith(".json"):
         db = kineto_profile(read_json(profile), str(profile))
+    elif is_kernels_csv(profile):
+        db = kernels_profile(profile)
     else:
         db = ProfileDB.load(profile)
     spec = get_gpu(gpu)

@@ -78,7 +78,8 @@ def ops_command(
     profile: Path = typer.Argument(..., help="Measured op times: a `sim profile` CSV (e.g. "
                                    "recorded with --device cuda on the GPU named by --gpu), or "
                                    "a PyTorch profiler (Kineto) trace .json recorded with "
-                                   "record_shapes=True."),
+                                   "record_shapes=True, or a kernels.csv of "
+                                   "bench/gpu_record.py."),
     gpu: str = typer.Option(..., "--gpu", help="Catalog GPU the profile was measured on."),
     dtype: str = typer.Option("fp16", "--dtype", help="Precision the profile's GEMMs ran in."),
     out: Path = typer.Option(Path("calibration.json"), "--out", help="Calibration file."),

@@ -41,6 +41,7 @@ from pathlib import Path
 from trainsim.errors import SpecError, TrainsimError
 from trainsim.hwmodels.gpus import get_gpu
 from trainsim.hwmodels.opcost import RooflineCostModel
+from trainsim.validate.profile_db import ProfileDB, ProfileRow
 
 FLASH_BACKWARD = 2.5
 """Backward FLOPs of the attention kernel over its forward (workloads/transformer_block.py)."""
@@ -88,6 +89,47 @@ def fit_kernel_curves(path: str | Path, gpu_name: str, overhead_s: float
             memory.append((ideal * _US, ideal / (t - overhead_s)))
     return {"gemm": _binned(gemm, 2.0), "flash_attention": _binned(flash, 2.0),
             "memory": _binned(memory, 4.0)}
+
+
+KERNEL_COLUMNS = ("kind", "shape", "flops", "bytes", "median_s")
+"""The leading columns of a kernels.csv (how `sim calibrate ops` tells one apart)."""
+_AS_OP = {"gemm": "matmul", "sdpa_causal_fwd": "flash_attention", "ew_add": "elementwise",
+          "ew_gelu": "elementwise", "ew_copy": "elementwise"}
+"""Recorded kernel kinds as the zoo's op kinds (their roofline classes)."""
+
+
+def is_kernels_csv(path: str | Path) -> bool:
+    """Whether `path` starts with a kernels.csv header (bench/gpu_record.py)."""
+    with Path(path).open(newline="") as f:
+        header = next(csv.reader(f), [])
+    return tuple(header[:len(KERNEL_COLUMNS)]) == KERNEL_COLUMNS
+
+
+def kernels_profile(path: str | Path) -> ProfileDB:
+    """A kernels.csv as a profile database `sim calibrate ops` fits the roofline to: GEMMs as
+    `matmul`, causal SDPA as `flash_attention` (forward, and the backward as forward+backward
+    minus forward, 2.5x the forward's FLOPs), streaming kernels as `elementwise`. Kernels
+    within 3x of the host's launch floor are left out, as in `fit_kernel_curves`."""
+    with Path(path).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or tuple(rows[0])[:len(KERNEL_COLUMNS)] != KERNEL_COLUMNS:
+        raise SpecError(f"{path}: not a kernels.csv of bench/gpu_record.py")
+    floor = min((float(r["median_s"]) for r in rows if r["kind"] == "launch"), default=0.0)
+    forward = {r["shape"]: r for r in rows if r["kind"] == "sdpa_causal_fwd"}
+    out = []
+    for r in rows:
+        t, shape = float(r["median_s"]), tuple(int(v) for v in r["shape"].split("x"))
+        if r["kind"] in _AS_OP and (r["kind"].startswith("sdpa") or t >= 3.0 * floor):
+            out.append(ProfileRow(kind=_AS_OP[r["kind"]], shape=shape, flops=float(r["flops"]),
+                                  bytes_moved=float(r["bytes"]), time_s=t))
+        elif r["kind"] == "sdpa_causal_fwdbwd" and r["shape"] in forward:
+            fwd = forward[r["shape"]]
+            out.append(ProfileRow(kind="flash_attention", shape=shape, pass_="bwd",
+                                  flops=FLASH_BACKWARD * float(fwd["flops"]),
+                                  bytes_moved=float(r["bytes"]) - float(fwd["bytes"]),
+                                  time_s=t - float(fwd["median_s"])))
+    return ProfileDB(meta={"device": "cuda", "command": f"bench/gpu_record.py ({path})"},
+                     rows=tuple(out))
 
 
 _MEMORY_NOTE = re.compile(r"max allocated ([0-9.]+) GiB, max reserved ([0-9.]+) GiB")

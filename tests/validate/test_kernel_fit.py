@@ -145,3 +145,37 @@ def test_command_line_prints_measured_beside_catalog(capsys) -> None:
     assert main([str(DATA / "h100_kernels.csv"), "--runs", str(DATA / "h100_runs.csv")]) == 0
     out = capsys.readouterr().out
     assert "flash_attention" in out and "median 1.203" in out
+
+
+def test_kernels_csv_as_a_profile_for_sim_calibrate_ops(tmp_path: Path) -> None:
+    """A kernels.csv reads as op rows (GEMM -> matmul, SDPA -> flash_attention forward and
+    backward, streaming kernels -> elementwise, dispatch-bound ones left out), and
+    `sim calibrate ops` fits the roofline to it."""
+    from trainsim import api
+    from trainsim.validate.kernel_fit import is_kernels_csv, kernels_profile
+
+    rows: list[dict[str, object]] = [
+        {"kind": "launch", "median_s": FLOOR},
+        {"kind": "gemm", "shape": "256x512x512", "flops": 1e9, "bytes": 1e6, "median_s": 4e-5},
+        {"kind": "gemm", "shape": "64x64x64", "flops": 5e5, "bytes": 1e4, "median_s": 1.2e-5},
+        {"kind": "sdpa_causal_fwd", "shape": "8x512x512x64", "flops": 1e10, "bytes": 1e6,
+         "median_s": 1e-4},
+        {"kind": "sdpa_causal_fwdbwd", "shape": "8x512x512x64", "flops": 3.5e10, "bytes": 3e6,
+         "median_s": 4e-4},
+        {"kind": "ew_copy", "shape": "1048576", "flops": 0.0, "bytes": 4e6, "median_s": 5e-5}]
+    path = _write(tmp_path / "kernels.csv", rows)
+    assert is_kernels_csv(path) and not is_kernels_csv(DATA / "h100_runs.csv")
+    db = kernels_profile(path)
+    got = {(r.kind, r.pass_, r.shape): r for r in db.rows}
+    assert set(got) == {("matmul", "fwd", (256, 512, 512)),
+                        ("flash_attention", "fwd", (8, 512, 512, 64)),
+                        ("flash_attention", "bwd", (8, 512, 512, 64)),
+                        ("elementwise", "fwd", (1048576,))}
+    bwd = got[("flash_attention", "bwd", (8, 512, 512, 64))]
+    assert bwd.time_s == pytest.approx(3e-4) and bwd.flops == pytest.approx(2.5e10)
+    fit, cal = api.calibrate_ops(DATA / "h100_kernels.csv", GPU, "bf16")
+    factors = {c.cls: c.factor for c in fit.classes}
+    assert set(factors) == {"gemm", "batched_gemm", "elementwise"}
+    assert fit.mape_after < fit.mape_before
+    assert factors["batched_gemm"] > 2.0  # flash attention runs far above the assumed curve
+    assert cal.to_json()
