@@ -1,13 +1,15 @@
 """Record one GPU's kernel speeds and single-GPU training steps, for calibration and checks.
 
-Run it on a machine with a CUDA GPU (it refuses a CPU-only one unless ``--device cpu --small``,
-a smoke run of the same code at toy sizes). It writes three files into ``--out``:
+Run it on a machine with a CUDA GPU (``--device cuda``, the default, refuses a machine without
+one; ``--device cpu --small`` is a smoke run of the same code at toy sizes). It writes into
+``--out``:
 
 * ``kernels.csv``: median time of bf16 kernels the way eager PyTorch training issues them,
   back to back: GEMMs (``F.linear``) over transformer shapes from 256 to 16384 tokens; causal
   SDPA/FlashAttention forward and backward over sequence lengths 512-8192; memory-bound
-  elementwise kernels (add, mul, GeLU, copy) from 64 KiB to 1 GiB; the launch floor (a
-  one-element add). hwmodels/kernel_fit.py turns it into roofline-efficiency curves.
+  elementwise kernels (add, GeLU, copy) from 64 KiB to 1 GiB; the launch floor (a
+  one-element add). validate/kernel_fit.py turns it into roofline-efficiency curves, and
+  `sim calibrate ops` into a calibration file.
 * ``runs.csv``: Llama-style training steps on this one GPU in the schema of
   ../shared/data/published/training_runs.csv (tokens/s/GPU and peak reserved memory, as
   torchtitan logs them), so `sim accuracy runs.csv` checks the Oracle against them. The step is
@@ -400,7 +402,8 @@ def main() -> int:
         (args.out / "meta.json").write_text(json.dumps(meta, indent=1))
     if args.attention_backends:
         backends = attention_backend_rows(dev, args.small)
-        write_csv(args.out / "attention_backends.csv", backends, list(backends[0]))
+        if backends:  # none, where no backend runs here (each said why)
+            write_csv(args.out / "attention_backends.csv", backends, list(backends[0]))
     which = list(range(len(RUNS))) if args.runs == "all" else [] if args.runs == "none" \
         else [int(i) for i in args.runs.split(",") if i]
     runs, by_kernel = training_rows(dev, args.small, args.gpu, args.steps, which)

@@ -85,9 +85,9 @@ def ops_command(
     out: Path = typer.Option(Path("calibration.json"), "--out", help="Calibration file."),
     force: bool = typer.Option(False, "--force", help="Overwrite --out if it exists."),
 ) -> None:
-    """Fit the roofline's efficiency factor per op class (gemm, batched_gemm, elementwise),
-    its memory-bandwidth factor and the launch overhead of one GPU to a profile's measured op
-    times; print the op-time error before and after, and on held-out rows."""
+    """Fit the roofline's efficiency factor per op class (gemm, batched_gemm, flash_attention,
+    elementwise), its memory-bandwidth factor and the launch overhead of one GPU to a profile's
+    measured op times; print the op-time error before and after, and on held-out rows."""
     check_new_file(out, force, "--out")
     if not profile.is_file():
         raise SpecError(f"{profile}: no such file (a sim profile CSV or a Kineto trace .json)")

@@ -230,7 +230,8 @@ class RooflineCostModel:
         return entry
 
     def op_class(self, kind: str) -> str:
-        """Efficiency class of an op kind (``gemm``, ``batched_gemm``, ``elementwise``)."""
+        """Efficiency class of an op kind (``gemm``, ``batched_gemm``, ``flash_attention``,
+        ``elementwise``)."""
         cls = self._kind_class.get(kind)
         if cls is None:
             raise unknown_name("op kind", kind, self._kind_class)

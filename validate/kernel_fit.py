@@ -66,10 +66,7 @@ def fit_kernel_curves(path: str | Path, gpu_name: str, overhead_s: float
     gpu = get_gpu(gpu_name)
     peak = gpu.peak_flops("bf16", gpu.sm_clock_max_mhz)
     bandwidth = gpu.memory_bandwidth_bytes_per_s
-    with Path(path).open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or "median_s" not in rows[0]:
-        raise SpecError(f"{path}: not a kernels.csv of bench/gpu_record.py")
+    rows = read_kernels(path)
     floor = min((float(r["median_s"]) for r in rows if r["kind"] == "launch"), default=0.0)
     gemm, flash, memory = [], [], []
     forward = {r["shape"]: float(r["median_s"]) for r in rows if r["kind"] == "sdpa_causal_fwd"}
@@ -86,7 +83,7 @@ def fit_kernel_curves(path: str | Path, gpu_name: str, overhead_s: float
                            (1.0 + FLASH_BACKWARD) * ideal_fwd / max(t - 2 * overhead_s, 1e-9)))
         elif kind.startswith("ew_"):
             ideal = float(r["bytes"]) / bandwidth
-            memory.append((ideal * _US, ideal / (t - overhead_s)))
+            memory.append((ideal * _US, ideal / max(t - overhead_s, 1e-9)))
     return {"gemm": _binned(gemm, 2.0), "flash_attention": _binned(flash, 2.0),
             "memory": _binned(memory, 4.0)}
 
@@ -96,6 +93,25 @@ KERNEL_COLUMNS = ("kind", "shape", "flops", "bytes", "median_s")
 _AS_OP = {"gemm": "matmul", "sdpa_causal_fwd": "flash_attention", "ew_add": "elementwise",
           "ew_gelu": "elementwise", "ew_copy": "elementwise"}
 """Recorded kernel kinds as the zoo's op kinds (their roofline classes)."""
+
+
+def read_kernels(path: str | Path) -> list[dict[str, str]]:
+    """The rows of a kernels.csv, checked: its header, and on every row a shape of integers
+    ("AxB..."), a time > 0 and FLOPs and bytes >= 0 (SpecError naming the line and field)."""
+    with Path(path).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or tuple(rows[0])[:len(KERNEL_COLUMNS)] != KERNEL_COLUMNS:
+        raise SpecError(f"{path}: not a kernels.csv of bench/gpu_record.py")
+    for line, r in enumerate(rows, start=2):
+        try:
+            ok = (all(int(v) > 0 for v in r["shape"].split("x")) and float(r["median_s"]) > 0
+                  and float(r["flops"]) >= 0 and float(r["bytes"]) >= 0)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise SpecError(f"{path}:{line}: needs shape 'AxB...' of positive integers, "
+                            f"median_s > 0, flops and bytes >= 0 (got {dict(r)})")
+    return rows
 
 
 def is_kernels_csv(path: str | Path) -> bool:
@@ -110,10 +126,7 @@ def kernels_profile(path: str | Path) -> ProfileDB:
     `matmul`, causal SDPA as `flash_attention` (forward, and the backward as forward+backward
     minus forward, 2.5x the forward's FLOPs), streaming kernels as `elementwise`. Kernels
     within 3x of the host's launch floor are left out, as in `fit_kernel_curves`."""
-    with Path(path).open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or tuple(rows[0])[:len(KERNEL_COLUMNS)] != KERNEL_COLUMNS:
-        raise SpecError(f"{path}: not a kernels.csv of bench/gpu_record.py")
+    rows = read_kernels(path)
     floor = min((float(r["median_s"]) for r in rows if r["kind"] == "launch"), default=0.0)
     forward = {r["shape"]: r for r in rows if r["kind"] == "sdpa_causal_fwd"}
     out = []

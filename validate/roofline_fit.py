@@ -6,7 +6,7 @@ sizes. The roofline (hwmodels/opcost.py) predicts each as
     t = overhead + max(ideal_c / min(1, e_c(x) * k_class), ideal_m / min(1, e_m(x) * k_mem))
 
 with the catalog's efficiency curves e_c, e_m. This module fits one factor k per efficiency
-class (gemm, batched_gemm, elementwise) on the compute side, one on memory bandwidth and the
+class (gemm, batched_gemm, flash_attention, elementwise) on the compute side, one on memory bandwidth and the
 launch overhead, by least squares on predicted / measured − 1 -- relative errors, so a 10 µs
 kernel counts as much as a 10 ms one -- starting from the catalog's values. The curves keep their shape (how efficiency grows with
 size, which the catalog cites); the fit moves their level to the measured machine and stack.

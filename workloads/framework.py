@@ -90,8 +90,8 @@ class FrameworkProfile:
     (`ModelSpec.loss_workspace_bytes`)."""
     fsdp_copy_out: Sourced = field(default_factory=lambda: Sourced(
         value=0.0, source="assumed: parameters view the gathered buffer (no copy)"))
-    """Bytes per parameter the stack's FSDP copies on the compute stream after each parameter
-    all-gather (`ModelSpec.fsdp_copy_out_bytes`)."""
+    """Bytes moved per gathered parameter byte by the stack's FSDP copy on the compute stream
+    after each parameter all-gather (`ModelSpec.fsdp_copy_out_traffic`)."""
     logged_memory_factor: Sourced = field(default_factory=lambda: Sourced(
         value=1.0, source="assumed: the stack reports peak allocated bytes"))
     """The peak memory the stack logs over the peak bytes its tensors take (1: it reports
@@ -249,7 +249,7 @@ def apply_framework(spec: ModelSpec, framework: str | None = None,
         changes = {"attention": str(profile.attention.value),
                    "selective_policy": str(profile.selective_recompute.value),
                    "loss_workspace_bytes": float(profile.loss_workspace.value),
-                   "fsdp_copy_out_bytes": float(profile.fsdp_copy_out.value),
+                   "fsdp_copy_out_traffic": float(profile.fsdp_copy_out.value),
                    "unfused_traffic": tuple(sorted(profile.unfused_traffic.value.items())),
                    "fp8_recipe": str(profile.fp8_recipe.value)}
     if attention is not None:

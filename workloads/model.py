@@ -104,11 +104,11 @@ class ModelSpec:
     loss_workspace_bytes: float = 0.0
     """Bytes per logit the loss's backward holds beyond the saved fp32 logits (the stack's
     cross-entropy implementation; workloads/data/frameworks.yaml). 0: not modelled."""
-    fsdp_copy_out_bytes: float = 0.0
-    """Bytes read and written per gathered parameter by the copy FSDP2 runs on the compute
-    stream after each all-gather (the flat gathered buffer split into the parameters'
-    own tensors; a framework profile sets it). 0: the stack's parameters view the gathered
-    buffer (FSDP1, DeepSpeed ZeRO-3), or no copy is modelled."""
+    fsdp_copy_out_traffic: float = 0.0
+    """Bytes read and written per gathered parameter byte by the copy FSDP2 runs on the
+    compute stream after each all-gather (the flat gathered buffer split into the parameters'
+    own tensors: 2, read once and written once; a framework profile sets it). 0: the stack's
+    parameters view the gathered buffer (FSDP1, DeepSpeed ZeRO-3), or no copy is modelled."""
     fp8_recipe: str = "dynamic"
     """How FP8 linear layers cast (`FP8_RECIPES`, `Op.fp8_recipe`): "dynamic" (torchao) or
     "delayed" (Transformer Engine); a framework profile sets it."""
@@ -161,8 +161,8 @@ class ModelSpec:
             raise bad("selective_policy", f"is not one of {', '.join(SELECTIVE_POLICIES)}")
         if not 0 <= self.loss_workspace_bytes < 64:
             raise bad("loss_workspace_bytes", "must be in [0, 64) bytes per logit")
-        if not 0 <= self.fsdp_copy_out_bytes < 64:
-            raise bad("fsdp_copy_out_bytes", "must be in [0, 64) bytes per parameter")
+        if not 0 <= self.fsdp_copy_out_traffic < 64:
+            raise bad("fsdp_copy_out_traffic", "must be in [0, 64) bytes per gathered byte")
         if self.fp8_recipe not in FP8_RECIPES:
             raise bad("fp8_recipe", f"is not one of {', '.join(FP8_RECIPES)}")
         if any(not 1 <= k <= 64 for _, k in self.unfused_traffic):

@@ -56,8 +56,8 @@ def test_fit_recovers_the_efficiencies_kernels_were_made_with(tmp_path: Path) ->
     fwd_us, eff_all = 1000.0, 0.8
     fwd_flops = fwd_us * 1e-6 * peak
     both = (1 + FLASH_BACKWARD) * fwd_us * 1e-6 / eff_all + 2 * OVERHEAD
-    rows += [{"kind": "sdpa_causal_fwd", "shape": "a", "flops": fwd_flops, "median_s": 0.5e-3},
-             {"kind": "sdpa_causal_fwdbwd", "shape": "a",
+    rows += [{"kind": "sdpa_causal_fwd", "shape": "8x64", "flops": fwd_flops, "median_s": 0.5e-3},
+             {"kind": "sdpa_causal_fwdbwd", "shape": "8x64",
               "flops": (1 + FLASH_BACKWARD) * fwd_flops, "median_s": both}]
     rows.append({"kind": "ew_copy", "bytes": 200e-6 * bw, "median_s": 200e-6 / 0.9 + OVERHEAD})
     fit = fit_kernel_curves(_write(tmp_path / "k.csv", rows), GPU, OVERHEAD)
@@ -175,7 +175,25 @@ def test_kernels_csv_as_a_profile_for_sim_calibrate_ops(tmp_path: Path) -> None:
     assert bwd.time_s == pytest.approx(3e-4) and bwd.flops == pytest.approx(2.5e10)
     fit, cal = api.calibrate_ops(DATA / "h100_kernels.csv", GPU, "bf16")
     factors = {c.cls: c.factor for c in fit.classes}
-    assert set(factors) == {"gemm", "batched_gemm", "elementwise"}
+    assert set(factors) == {"gemm", "flash_attention", "elementwise"}
     assert fit.mape_after < fit.mape_before
-    assert factors["batched_gemm"] > 2.0  # flash attention runs far above the assumed curve
+    assert factors["flash_attention"] > 2.0  # the fused kernel runs far above the assumed curve
+    # the eager attention GEMMs keep the catalog's curve (no factor for their class)
+    scales = next(iter(cal.to_json()["op_efficiency"].values()))["compute_scale"]
+    assert "batched_gemm" not in scales and scales["flash_attention"] > 2.0
     assert cal.to_json()
+
+
+@pytest.mark.parametrize(("cell", "value"), [("median_s", ""), ("median_s", "-1"),
+                                             ("shape", "4xq"), ("flops", "-5")])
+def test_a_malformed_row_is_one_error_naming_its_line(tmp_path: Path, cell, value) -> None:
+    rows: list[dict[str, object]] = [{"kind": "launch", "median_s": FLOOR},
+                                     {"kind": "gemm", "shape": "2x2x2", "flops": 16.0,
+                                      "bytes": 24.0, "median_s": 1e-3}]
+    rows[1][cell] = value
+    path = _write(tmp_path / "k.csv", rows)
+    from trainsim.validate.kernel_fit import kernels_profile
+
+    for read in (lambda: fit_kernel_curves(path, GPU, OVERHEAD), lambda: kernels_profile(path)):
+        with pytest.raises(SpecError, match=r"k.csv:3: needs shape"):
+            read()

@@ -24,9 +24,12 @@ from trainsim.workloads.model import Layer, ModelGraph, ModelSpec, build_graph
 from trainsim.workloads.op_parallel import stage_op_degrees
 from trainsim.workloads.op_work import InstructionCosts, Work
 from trainsim.workloads.plan import MicroBatch, ParallelPlan
-from trainsim.workloads.stage_costs import instruction_costs
+from trainsim.workloads.stage_costs import instruction_costs, optimizer_bytes_per_param
 
 MbKey = tuple[int, int, int]
+_ROOT_UNIT = ("embedding", "head")
+"""Layers FSDP2 keeps in the root unit, which it does not reshard after the forward
+(`fully_shard`'s docstring): gathered, and copied, by the forward alone."""
 """(batch size, sequence length, target length) of a micro-batch: what its graph and costs
 depend on (target length 0: the model's decoder length)."""
 
@@ -480,28 +483,38 @@ class LoweringLayout:
                                   else self.shared.layer_costs)
         if not self._copies_out():
             return costs
-        copy = self._copy_out_work(layers, self.plan.tp_of_stage(s), gpu, freq)
-        return dataclasses.replace(costs, forward=costs.forward + copy,
-                                   backward=costs.backward + copy,
-                                   backward_input=costs.backward_input + copy)
+        idx = self.stage_layers[vstage]
+        last_block = max((i for i, la in enumerate(graph.layers)
+                          if la.kind not in _ROOT_UNIT), default=-1)
+        regathered = [la for i, la in zip(idx, layers, strict=True)
+                      if la.kind not in _ROOT_UNIT and i != last_block]
+        tp = self.plan.tp_of_stage(s)
+        forward = self._copy_out_work(layers, tp, gpu, freq)
+        backward = self._copy_out_work(regathered, tp, gpu, freq)
+        return dataclasses.replace(costs, forward=costs.forward + forward,
+                                   backward=costs.backward + backward,
+                                   backward_input=costs.backward_input + backward)
 
     def _copies_out(self) -> bool:
-        """Whether each forward and backward pays FSDP's copy-out of the gathered parameters:
-        ZeRO-3 regathering every pass, under a stack that copies (`fsdp_copy_out_bytes`).
-        Plans that keep the parameters gathered copy once a step (not modelled)."""
+        """Whether passes pay FSDP's copy-out of the gathered parameters: ZeRO-3 regathering
+        every pass, under a stack that copies (`fsdp_copy_out_traffic`). Plans that keep the
+        parameters gathered copy once a step (not modelled)."""
         return (self.plan.zero >= 3 and self.plan.reshard_after_forward
-                and self.model.fsdp_copy_out_bytes > 0)
+                and self.model.fsdp_copy_out_traffic > 0)
 
     def _copy_out_work(self, layers: list[Layer], tp: int, gpu: GpuSpec,
                        freq: float | None) -> Work:
         """FSDP2's copy-out, one memory-bound kernel per layer (each block is its own FSDP
-        unit): `fsdp_copy_out_bytes` per parameter of the layer's tensor-parallel shard."""
+        unit): `fsdp_copy_out_traffic` times the gathered bytes of the layer's per-GPU
+        parameters (its ops sharded as the stage runs them)."""
+        weight_bytes = optimizer_bytes_per_param(self.plan.dtype)[0]
         total = Work()
         for layer in layers:
-            moved = self.model.fsdp_copy_out_bytes * layer.params / tp
+            params = sum(op.params for op in layer.sharded_ops(tp, self.plan.sp, self.plan.ep))
+            moved = self.model.fsdp_copy_out_traffic * weight_bytes * params
             if moved > 0:
-                est = self.cost_model.estimate("elementwise", 0.0, moved, gpu, freq, "bf16",
-                                               None)
+                est = self.cost_model.estimate("elementwise", 0.0, moved, gpu, freq,
+                                               self.plan.dtype, None)
                 total = total + Work(time_s=est.time_s, energy_j=est.time_s * est.power_w)
         return total
 
