@@ -345,13 +345,9 @@ def training_rows(dev: torch.device, small: bool, gpu: str, steps: int, which: l
     return rows, by_kernel
 
 
-SMI_FIELDS = ("name", "power.limit", "power.max_limit", "clocks.sm", "clocks.max.sm",
-              "clocks.mem", "memory.total")
-
-
-def smi(names: tuple[str, ...] = SMI_FIELDS) -> dict[str, str]:
+def smi() -> dict[str, str]:
     """nvidia-smi's read-only view of the card (name, power limit, clocks)."""
-    fields = ",".join(names)
+    fields = "name,power.limit,power.max_limit,clocks.sm,clocks.max.sm,clocks.mem,memory.total"
     try:
         out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
                              check=False, capture_output=True, text=True, timeout=20).stdout.strip()

@@ -58,6 +58,17 @@ def _binned(points: list[tuple[float, float]], width: float = math.sqrt(2.0)
             for _, b in sorted(bins.items())]
 
 
+def _launch_floor(rows: list[dict[str, str]]) -> float:
+    """The host's launch floor: the ``launch`` row's time (0 without one)."""
+    return min((float(r["median_s"]) for r in rows if r["kind"] == "launch"), default=0.0)
+
+
+def _dispatch_bound(row: dict[str, str], floor: float) -> bool:
+    """Whether eager PyTorch's dispatch rate, not the kernel, sets the row's time: within 3x
+    of the launch floor (attention rows, long kernels, are always kept)."""
+    return not row["kind"].startswith("sdpa") and float(row["median_s"]) < 3.0 * floor
+
+
 def fit_kernel_curves(path: str | Path, gpu_name: str, overhead_s: float
                       ) -> dict[str, list[list[float]]]:
     """Curve points [x µs, efficiency] per class (gemm, flash_attention, memory) from a
@@ -67,13 +78,13 @@ def fit_kernel_curves(path: str | Path, gpu_name: str, overhead_s: float
     peak = gpu.peak_flops("bf16", gpu.sm_clock_max_mhz)
     bandwidth = gpu.memory_bandwidth_bytes_per_s
     rows = read_kernels(path)
-    floor = min((float(r["median_s"]) for r in rows if r["kind"] == "launch"), default=0.0)
+    floor = _launch_floor(rows)
     gemm, flash, memory = [], [], []
     forward = {r["shape"]: float(r["median_s"]) for r in rows if r["kind"] == "sdpa_causal_fwd"}
     for r in rows:
         kind, t = r["kind"], float(r["median_s"])
-        if kind != "sdpa_causal_fwdbwd" and t < 3.0 * floor:
-            continue  # the host's dispatch rate, not the kernel, sets this time
+        if _dispatch_bound(r, floor):
+            continue
         if kind == "gemm":
             ideal = float(r["flops"]) / peak
             gemm.append((ideal * _US, ideal / max(t - overhead_s, 1e-9)))
@@ -127,12 +138,12 @@ def kernels_profile(path: str | Path) -> ProfileDB:
     minus forward, 2.5x the forward's FLOPs), streaming kernels as `elementwise`. Kernels
     within 3x of the host's launch floor are left out, as in `fit_kernel_curves`."""
     rows = read_kernels(path)
-    floor = min((float(r["median_s"]) for r in rows if r["kind"] == "launch"), default=0.0)
+    floor = _launch_floor(rows)
     forward = {r["shape"]: r for r in rows if r["kind"] == "sdpa_causal_fwd"}
     out = []
     for r in rows:
         t, shape = float(r["median_s"]), tuple(int(v) for v in r["shape"].split("x"))
-        if r["kind"] in _AS_OP and (r["kind"].startswith("sdpa") or t >= 3.0 * floor):
+        if r["kind"] in _AS_OP and not _dispatch_bound(r, floor):
             out.append(ProfileRow(kind=_AS_OP[r["kind"]], shape=shape, flops=float(r["flops"]),
                                   bytes_moved=float(r["bytes"]), time_s=t))
         elif r["kind"] == "sdpa_causal_fwdbwd" and r["shape"] in forward:

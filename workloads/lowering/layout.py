@@ -27,11 +27,11 @@ from trainsim.workloads.plan import MicroBatch, ParallelPlan
 from trainsim.workloads.stage_costs import instruction_costs, optimizer_bytes_per_param
 
 MbKey = tuple[int, int, int]
+"""(batch size, sequence length, target length) of a micro-batch: what its graph and costs
+depend on (target length 0: the model's decoder length)."""
 _ROOT_UNIT = ("embedding", "head")
 """Layers FSDP2 keeps in the root unit, which it does not reshard after the forward
 (`fully_shard`'s docstring): gathered, and copied, by the forward alone."""
-"""(batch size, sequence length, target length) of a micro-batch: what its graph and costs
-depend on (target length 0: the model's decoder length)."""
 
 
 def key_of(mb: MicroBatch) -> MbKey:

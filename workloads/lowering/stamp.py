@@ -140,6 +140,10 @@ class SlotMap(dict[Any, Any]):
         found = self.look(prefix, js)
         if (found >= 0).any() if self._ids else (~np.isnan(found)).any():
             return True
+        return self._clashes(prefix, js)
+
+    def _clashes(self, prefix: Hashable, js: np.ndarray) -> bool:
+        """Whether some (`prefix`, j) is in the dict already, or `js` repeats a j."""
         in_dict = self._in_dict.get(prefix)
         if in_dict and not in_dict.isdisjoint(js.tolist()):
             return True
@@ -178,10 +182,7 @@ class SlotMap(dict[Any, Any]):
         found = self.look_rows(prefix, js, width)
         if found is None or (found[:, 0] >= 0).any():
             return True
-        in_dict = self._in_dict.get(prefix)
-        if in_dict and not in_dict.isdisjoint(js.tolist()):
-            return True
-        return len(js) > 1 and int(np.bincount(js).max()) > 1
+        return self._clashes(prefix, js)
 
     def put_rows(self, prefix: Hashable, js: np.ndarray, rows: np.ndarray) -> None:
         """Entries (`prefix`, j) = the ids of a row of `rows` (ids maps only; `rows_taken`
