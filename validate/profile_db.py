@@ -5,12 +5,14 @@ One CSV file (pandas; parquet would need pyarrow). Its first line is
 threads and processes used, date); then one row per measurement:
 
 ========== =========================================================================
-kind       zoo op kind (``matmul``, ``softmax``, ...), ``optimizer`` (Adam step), or a
+kind       zoo op kind (``matmul``, ``softmax``, ...), ``optimizer`` (Adam step),
+           ``model:<name>`` (a whole model's forward and backward), or a
            collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``p2p``,
            ``all_reduce_after_compute``)
 shape      the zoo op's shape joined by ``x`` (``512x768x256``); params for ``optimizer``;
-           empty for collectives
-pass       ``fwd``, ``bwd`` (the whole backward of the op), ``step`` or ``comm``
+           the micro-batch size for ``model:``; empty for collectives
+pass       ``fwd``, ``bwd`` (the whole backward of the op), ``step``, ``fwdbwd`` (a whole
+           model's micro-batch) or ``comm``
 group_size processes in the collective (1 for ops)
 size_bytes collective payload S as the simulator's formulas take it (0 for ops)
 flops      the zoo's FLOPs of that pass at that shape (workloads/ops.py)
@@ -41,7 +43,7 @@ COLUMNS = ("kind", "shape", "pass", "group_size", "size_bytes", "flops", "bytes_
            "p25_s", "p75_s", "repeats", "solo_s")
 OPTIONAL_COLUMNS = {"solo_s": 0.0}
 """Columns a file may lack (older profiles), with the value they read as."""
-PASSES = ("fwd", "bwd", "step", "comm")
+PASSES = ("fwd", "bwd", "step", "fwdbwd", "comm")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p", "all_reduce_after_compute")
 """Collective kinds of ``comm`` rows (the last: an all-reduce timed after a GEMM on every
 process, what it adds to a training loop; validate/profiler.py)."""
@@ -100,6 +102,11 @@ class ProfileDB:
         """Rows of one op kind and pass."""
         return [r for r in self.rows if r.kind == kind and r.pass_ == pass_]
 
+    def whole_model(self, name: str) -> ProfileRow | None:
+        """The ``model:<name>`` row (a whole model's micro-batch), or None."""
+        rows = [r for r in self.rows if r.pass_ == "fwdbwd" and r.kind == f"model:{name}"]
+        return rows[0] if rows else None
+
     def collectives(self) -> list[ProfileRow]:
         """Collective rows."""
         return [r for r in self.rows if r.pass_ == "comm"]
@@ -110,7 +117,7 @@ class ProfileDB:
 
     def kinds(self) -> list[str]:
         """Op kinds with measurements, sorted."""
-        return sorted({r.kind for r in self.rows if r.pass_ != "comm"})
+        return sorted({r.kind for r in self.rows if r.pass_ not in ("comm", "fwdbwd")})
 
     def to_frame(self) -> Any:
         """The rows as a pandas DataFrame with `COLUMNS`."""

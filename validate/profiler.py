@@ -26,6 +26,15 @@ Several models (``--model tiny-gpt,tiny-t5``) go into one database: the union of
 (rows are keyed by kind, shape and pass, so a shape two models share is timed once), the Adam
 step of each model's stages and the collective sizes of each.
 
+**Whole models** (``model:<name>`` rows, pass ``fwdbwd``, shape the micro-batch size): one
+micro-batch's forward and backward of each model, unsplit (tp 1, pp 1), timed like an op. Run
+whole, a model takes longer than its ops timed one by one: the glue between them (head
+split/merge views and copies, the autograd engine walking ~170-240 nodes a micro-batch) and
+caches its other layers have evicted. On the CI machine kind on 2026-11-27, alone: tiny-t5
+19.3-20.5 ms for two micro-batches against 14.3 ms of its profiled ops (×1.35-1.43), tiny-gpt
+124.5-131 against 116.2 ms (×1.07-1.13). `sim validate` scales the ops by that ratio
+(validate/compare.py, in-model factor).
+
 **All-reduces as training issues them** (``all_reduce_after_compute`` rows, 2+ processes on
 CPU): each process runs a GEMM (`FILLER_GEMM`) then the all-reduce, in a loop, and the row's
 time is what the all-reduce adds to the loop (loop with it minus loop without, per call). On a
@@ -38,7 +47,11 @@ ran at ~85 GFLOP/s each at one moment and at ~50 GFLOP/s each a quarter of an ho
 with nothing else running in the guest (its host is shared). So the profile and every trace
 time the same `FILLER_GEMM`, all processes at once, at their start and end
 (`reference_gemm_s`, in the metadata); `sim validate` scales the profiled op times by the
-trace's figure over the profile's (validate/compare.py) and prints the factor.
+trace's figure over the profile's (validate/compare.py) and prints the factor. A process's
+first GEMMs run slow: in a `sim profile` of 2026-11-27 the start's reference took 2.11 and
+2.08 ms per call (two processes), the end's 1.42 and 1.43 ms, and the profile's own row of
+that GEMM 1.46 ms. So the reference first runs the GEMM for `REFERENCE_WARMUP_S`, and
+`sim validate` takes the profile's side from its row of that GEMM where it has one.
 
 ``--device cuda`` (validate/devices.py): NCCL, one GPU per process, timers read after
 ``torch.cuda.synchronize()``; no solo timings (each process has its own GPU).
@@ -213,6 +226,13 @@ INTERLEAVED_SIZES_BYTES = (4096, 65536, 2**20)
 REFERENCE_REPEATS = 10
 """Timed batches of the reference GEMM at each end of a profile or trace."""
 
+WHOLE_MODEL = "model:"
+"""Kind prefix of the whole-model rows (``model:tiny-gpt``; module docstring)."""
+
+REFERENCE_WARMUP_S = 0.5
+"""Seconds of the reference GEMM run untimed first (module docstring: a fresh process's
+first GEMMs run ~45 % slower)."""
+
 MIN_BATCH_S = 0.02
 """Each timed repeat runs an op back to back for at least this long and divides: a process
 sharing its core with others (time slices of milliseconds) then sees its average share of the
@@ -341,6 +361,7 @@ def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
                              "flops": 12.0 * n, "bytes_moved": 28.0 * n, "repeats": repeats,
                              "solo_s": statistics.median(st) if st else None,
                              **_stats(times)})
+        rows += _whole_models(tm, cfg, rank, dist)
         rows += _collectives(dist, rank, world, cfg)
         if solo:
             rows += _after_compute(dist, world, cfg)
@@ -352,6 +373,31 @@ def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
         dist.destroy_process_group()
 
 
+def _whole_models(tm: Any, cfg: dict[str, Any], rank: int, dist: Any) -> list[dict[str, Any]]:
+    """``model:<name>`` rows (module docstring, whole models): one micro-batch's forward and
+    backward of each model, unsplit, gradients cleared before each call as the op rows clear
+    theirs."""
+    dev, sync, agree = cfg["dev"], cfg["sync"], cfg["agree"]
+    warmup, repeats, b = cfg["warmup"], cfg["repeats"], cfg["micro_batch_size"]
+    rows = []
+    for name in sorted({n for n, _, _ in cfg["stage_plans"]}):
+        spec = get_validation_model(name)
+        model = tm.build_stage(spec, stage=0, pp=1).to(dev)
+        data = tm.batch(spec, b, seed=0, device=dev)
+
+        def step(model: Any = model, data: dict[str, Any] = data, s: int = spec.seq_len) -> None:
+            model.zero_grad(set_to_none=True)
+            model(data["ids"], b, s, None, targets=data["targets"],
+                  dec_ids=data.get("dec_ids")).backward()
+
+        times = _time(step, warmup, repeats, dist.barrier, agree, sync)
+        st = _solo(step, rank, warmup, repeats, dist, sync) if cfg["solo"] else []
+        rows.append({"kind": f"{WHOLE_MODEL}{name}", "shape": [b], "pass_": "fwdbwd",
+                     "flops": 0.0, "bytes_moved": 0.0, "repeats": repeats,
+                     "solo_s": statistics.median(st) if st else None, **_stats(times)})
+    return rows
+
+
 def reference_gemm_s(dev: Any, barrier: Callable[[], None], agree: Callable[[int], int],
                      sync: Callable[[], None]) -> float:
     """Median per-call seconds of the `FILLER_GEMM` forward, every process at once (module
@@ -360,6 +406,11 @@ def reference_gemm_s(dev: Any, barrier: Callable[[], None], agree: Callable[[int
 
     m, n, k = FILLER_GEMM
     a, b = torch.randn(m, k, device=dev), torch.randn(n, k, device=dev)
+    sync()
+    end = time.perf_counter() + REFERENCE_WARMUP_S
+    while time.perf_counter() < end:
+        a @ b.t()
+        sync()
     return statistics.median(_time(lambda: a @ b.t(), 2, REFERENCE_REPEATS, barrier, agree,
                                    sync))
 
@@ -505,6 +556,7 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
         cfg = {"ops": list(seen.values()), "stage_plans": stage_plans, "processes": processes,
                "threads": threads, "warmup": warmup, "repeats": repeats, "extra_sizes": extra,
                "out_dir": tmp, "port": free_port(), "device": device, "backend": backend,
+               "micro_batch_size": micro_batch_size,
                "solo": solo}
         prepare_workers(device)
         try:

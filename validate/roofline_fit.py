@@ -93,7 +93,7 @@ def measured_ops(db: ProfileDB, gpu: GpuSpec, dtype: str,
     ops: list[MeasuredOp] = []
     skipped: set[str] = set()
     for row in db.rows:
-        if row.pass_ == "comm":
+        if row.pass_ in ("comm", "fwdbwd"):  # collectives, whole models: not one op
             continue
         try:
             cls = model.op_class(row.kind)

@@ -82,11 +82,11 @@ def test_machine_speed_factor_scales_the_profiled_op_times(db, traces_dir) -> No
     import dataclasses
 
     from trainsim.errors import TraceError
-    from trainsim.validate.compare import speed_factor
+    from trainsim.validate.compare import profile_reference_s, speed_factor
     from trainsim.validate.profiled_cost import ProfiledCostModel
 
     trace = MeasuredTrace.load(traces_dir / "tiny-gpt-dp2.json")
-    machine = dict(trace.machine, reference_gemm_s=2 * db.meta["reference_gemm_s"])
+    machine = dict(trace.machine, reference_gemm_s=2 * profile_reference_s(db))
     slow = dataclasses.replace(trace, machine=machine)
     assert speed_factor(slow, db) == pytest.approx(2.0)
     assert speed_factor(dataclasses.replace(trace, machine={}), db) == 1.0
@@ -95,3 +95,48 @@ def test_machine_speed_factor_scales_the_profiled_op_times(db, traces_dir) -> No
         2 * ProfiledCostModel(db).time_s(*args))
     with pytest.raises(TraceError, match="reference_gemm_s='x'"):
         speed_factor(dataclasses.replace(trace, machine=dict(machine, reference_gemm_s="x")), db)
+
+
+def test_profile_side_of_the_speed_factor_is_its_own_row_of_the_reference_gemm(db) -> None:
+    """The profile's reference is the median of its forward rows of the reference GEMM's shape
+    (timed mid-profile like its other ops), not the figure timed at its ends, which the
+    committed profile took before the GEMM had warmed up; a profile without such a row falls
+    back to that figure."""
+    import dataclasses
+
+    from trainsim.validate.compare import profile_reference_s
+
+    shape = tuple(db.meta["reference_gemm"])
+    rows = [r.time_s for r in db.ops("matmul", "fwd") if r.shape == shape]
+    assert rows and profile_reference_s(db) == pytest.approx(sorted(rows)[len(rows) // 2])
+    assert profile_reference_s(db) < db.meta["reference_gemm_s"]
+    bare = dataclasses.replace(db, rows=tuple(r for r in db.rows if r.shape != shape))
+    assert profile_reference_s(bare) == db.meta["reference_gemm_s"]
+
+
+def test_in_model_factor_is_the_whole_model_over_its_ops(db) -> None:
+    """A profile's ``model:<name>`` row over the sum of that model's profiled ops (forward and
+    backward of one micro-batch) is the factor; doubling the row doubles it; a row at another
+    micro-batch size, or none, gives 1."""
+    import dataclasses
+
+    from trainsim.validate.compare import in_model_factor, predicted_kind_s
+    from trainsim.validate.profile_db import ProfileRow
+    from trainsim.validate.profiled_cost import ProfiledCostModel
+    from trainsim.validate.small_models import get_validation_model
+    from trainsim.workloads.model import build_graph
+
+    spec = get_validation_model("tiny-t5")
+    ops = predicted_kind_s(ProfiledCostModel(db), build_graph(spec, 2).layers, 1, 1, 0.0)
+    ops.pop("optimizer")
+    total = sum(ops.values())
+    base = tuple(r for r in db.rows if r.pass_ != "fwdbwd")
+    row = ProfileRow(kind="model:tiny-t5", shape=(2,), pass_="fwdbwd", time_s=1.4 * total,
+                     p25_s=total, p75_s=2 * total, repeats=10, solo_s=0.0)
+    with_row = dataclasses.replace(db, rows=base + (row,))
+    assert in_model_factor(with_row, spec, 2, solo=False) == pytest.approx(1.4)
+    twice = dataclasses.replace(db, rows=base + (dataclasses.replace(row, time_s=2.8 * total),))
+    assert in_model_factor(twice, spec, 2, solo=False) == pytest.approx(2.8)
+    assert in_model_factor(with_row, spec, 4, solo=False) == 1.0
+    assert in_model_factor(dataclasses.replace(db, rows=base), spec, 2, solo=False) == 1.0
+    assert ProfiledCostModel(with_row).sources == ProfiledCostModel(db).sources

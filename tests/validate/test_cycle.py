@@ -39,6 +39,9 @@ def test_profile_has_ops_and_collectives(e2e_run):
     assert {r.kind for r in db.collectives()} >= {"all_reduce", "p2p"}
     assert all(r.group_size == 2 for r in db.collectives())
     assert db.meta["processes"] == 2 and db.meta["threads_per_process"] == 1
+    whole = db.whole_model("micro-gpt")
+    assert whole is not None and whole.shape == (db.meta["micro_batch_size"],)
+    assert whole.time_s > 0 and whole.solo_s > 0 and "model:micro-gpt" not in db.kinds()
 
 
 def test_profile_has_solo_timings_after_compute_rows_and_a_reference(e2e_run):
