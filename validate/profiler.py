@@ -36,8 +36,13 @@ caches its other layers have evicted. On the CI machine kind on 2026-11-27, alon
 (validate/compare.py, in-model factor).
 
 **All-reduces as training issues them** (``all_reduce_after_compute`` rows, 2+ processes on
-CPU): each process runs a GEMM (`FILLER_GEMM`) then the all-reduce, in a loop, and the row's
-time is what the all-reduce adds to the loop (loop with it minus loop without, per call). On a
+CPU): each process runs `FILLER_CALLS` GEMMs (`FILLER_GEMM`) then the all-reduce, in a loop,
+and the row's time is what the all-reduce adds to the loop (loop with it minus loop without, per
+call). What it adds grows with the compute before it and levels off: on the CI machine kind on
+2026-11-27 a 256 KiB all-reduce added 1.2-1.8 ms back to back, 2.4-3.0 ms after one GEMM
+(1.4 ms), 3.2-3.6 ms after two, 3.2-3.8 after four and 3.2-4.4 after eight, and about as much
+after sleeping that long (so it is the wake-up, not the compute); a training step's
+collectives follow 2-6 ms (tensor-parallel) to 100+ ms (data-parallel) of compute. On a
 machine whose processes sleep while they wait this is larger than the back-to-back figure: a
 process that reaches the collective first sleeps in gloo, and waking it again costs. The
 cpu link's α-β fit uses these rows (validate/cpu_hardware.py).
@@ -217,9 +222,12 @@ def _op_callable(o: dict[str, Any], dev: Any = None) -> tuple[Callable[[], Any],
 
 
 FILLER_GEMM = (256, 1024, 256)
-"""(m, n, k) of the GEMM run before each all-reduce in the ``all_reduce_after_compute`` rows:
-tiny-gpt's FC1, a few milliseconds, about the compute between two tensor-parallel
-all-reduces."""
+"""(m, n, k) of the reference GEMM and of the GEMMs run before each all-reduce in the
+``all_reduce_after_compute`` rows: tiny-gpt's FC1, ~1.4 ms on the CI machine kind."""
+FILLER_CALLS = 4
+"""`FILLER_GEMM`s run before each all-reduce of the ``all_reduce_after_compute`` rows: ~6 ms,
+where the all-reduce's cost has levelled off (module docstring); one GEMM, as profiles before
+2026-11-27 ran, measured it still rising."""
 INTERLEAVED_SIZES_BYTES = (4096, 65536, 2**20)
 """Sizes of the ``all_reduce_after_compute`` rows besides the ones the plans need."""
 
@@ -417,7 +425,8 @@ def reference_gemm_s(dev: Any, barrier: Callable[[], None], agree: Callable[[int
 
 def _after_compute(dist: Any, world: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """``all_reduce_after_compute`` rows (module docstring): per size, the loop time of
-    GEMM + all-reduce minus that of the GEMM alone, repeat by repeat (sorted pairs)."""
+    `FILLER_CALLS` GEMMs + all-reduce minus that of the GEMMs alone, repeat by repeat (sorted
+    pairs)."""
     import torch
 
     m, n, k = FILLER_GEMM
@@ -428,10 +437,11 @@ def _after_compute(dist: Any, world: int, cfg: dict[str, Any]) -> list[dict[str,
         x = torch.ones(max(1, size // 4), device=cfg["dev"])
 
         def gemm() -> None:
-            a @ b.t()
+            for _ in range(FILLER_CALLS):
+                a @ b.t()
 
         def both(x: Any = x) -> None:
-            a @ b.t()
+            gemm()
             dist.all_reduce(x)
 
         alone = _time(gemm, cfg["warmup"] + 1, cfg["repeats"], dist.barrier, cfg["agree"],
