@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.validate.devices import free_port
-from trainsim.validate.profiler import FILLER_GEMM
 
 
 def run_two_ranks(worker: Callable[..., None], *args: Any) -> list[dict[str, Any]]:
@@ -28,15 +27,21 @@ def run_two_ranks(worker: Callable[..., None], *args: Any) -> list[dict[str, Any
         return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
 
 
-def reference_gemm_s(best_of: Callable[[Callable[[], Any]], float]) -> float:
-    """Seconds of the reference GEMM (validate/profiler.py's `FILLER_GEMM`, a @ b.T) as
-    `best_of` times it, every process at once: the machine's speed at this moment, which
-    `sim validate` compares with the trace's own (the host's speed drifts)."""
+def reference_gemm_s(dist: Any) -> float:
+    """Seconds of the reference GEMM timed exactly as `sim profile` and `sim trace` time theirs
+    (validate/profiler.py `reference_gemm_s`: warmed up, batches of back-to-back calls, every
+    process at once): the machine's speed at this moment, which `sim validate` compares with
+    the trace's own (the host's speed drifts). `dist` is torch.distributed, initialised."""
     import torch
 
-    m, n, k = FILLER_GEMM
-    a, b = torch.randn(m, k), torch.randn(n, k)
-    return best_of(lambda: a @ b.t())
+    from trainsim.validate.profiler import reference_gemm_s as timed  # deferred: start-up time
+
+    def agree(n: int) -> int:
+        t = torch.tensor([n])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    return timed(torch.device("cpu"), dist.barrier, agree, lambda: None)
 
 
 def provenance(script: str, load_before: float) -> dict[str, Any]:
