@@ -5,8 +5,9 @@ traces in traces/) time, per message size S from 4 B to 16 MiB:
 
 * ``p2p`` — a send/recv ping-pong, halved: one message one way;
 * ``all_reduce`` — back to back (both processes spin through the loop);
-* ``all_reduce_after_compute`` — what an all-reduce adds to a loop of GEMM + all-reduce (loop
-  with it minus loop without, per call): a training step issues every all-reduce after an op,
+* ``all_reduce_after_compute`` — what an all-reduce adds to a loop of `FILLER_CALLS` GEMMs +
+  all-reduce (loop with it minus loop without, per call): a training step issues every
+  all-reduce after an op,
   and the process that arrives first sleeps in gloo and must be woken.
 
 Each point is the fastest of `--repeats` timed calls after `--warmup` untimed ones (a barrier
@@ -37,7 +38,7 @@ from typing import Any
 from trainsim.validate.cpu_hardware import collective_steps_volume
 from trainsim.validate.devices import prepare_workers
 from trainsim.validate.microbench_runs import provenance, reference_gemm_s, run_two_ranks
-from trainsim.validate.profiler import FILLER_GEMM, ping_pong
+from trainsim.validate.profiler import FILLER_CALLS, FILLER_GEMM, ping_pong
 
 SIZES_BYTES = [4, 64, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216]
 
@@ -70,10 +71,11 @@ def _worker(rank: int, port: int, warmup: int, repeats: int, out_dir: str) -> No
         x = torch.ones(max(1, size // 4))
 
         def gemm() -> None:
-            a @ b.t()
+            for _ in range(FILLER_CALLS):
+                a @ b.t()
 
         def both(x: Any = x) -> None:
-            a @ b.t()
+            gemm()
             dist.all_reduce(x)
 
         ping = partial(ping_pong, dist, rank, x)

@@ -24,7 +24,8 @@ sets the prediction beside the measurement:
 * peak memory — measured: see trace_record.py; predicted: the engine's peak per rank.
 
 Op times are scaled by the machine's speed at the trace relative to the profile: the trace's
-reference-GEMM time over the profile's (both in their metadata, validate/profiler.py; 1 when
+reference-GEMM time (its metadata) over the profile's (`profile_reference_s`: its metadata's,
+or for profiles before 2026-11-27 its own row of that GEMM; validate/profiler.py; 1 when
 either lacks it). On a CPU trace the Adam step is not read from the profile (timed there back
 to back, its state in cache) but priced by the cold-cache CPU Adam model of
 validate/cpu_microbench.py (bench/cpu_ops.py: a time per parameter tensor plus one per
@@ -32,7 +33,10 @@ parameter), scaled by the trace's reference GEMM over the benchmark's.
 
 The op times are also scaled by the model's in-model factor (`in_model_factor`): its whole
 forward and backward of one micro-batch, timed by the profile, over the sum of its ops timed one
-by one (the glue between ops and evicted caches the op rows do not see).
+by one (the glue between ops and evicted caches the op rows do not see). The per-kind
+predictions carry it too, while a trace counts the glue ops under ``other``, which has no
+prediction: for a model whose factor is large (tiny-t5, ×1.28) the kinds lean high by up to
+that much.
 
 With a profile that has solo timings (``solo_s``) and more than one process, the prediction
 is the shared-CPU blend of validate/contention.py: each compute task between its solo and
@@ -208,14 +212,14 @@ def idle_s(tasks: Any, rank: int) -> float:
 
 
 def profile_reference_s(db: ProfileDB) -> float | None:
-    """The profile's seconds of its reference GEMM: its own forward row of that shape where it
-    has one (timed like every op it holds, all processes at once, mid-profile), else the
-    ``reference_gemm_s`` timed at its ends (which older profiles took before the GEMM had
-    warmed up: validate/profiler.py, reference GEMM)."""
+    """The profile's seconds of its reference GEMM: the ``reference_gemm_s`` timed at its ends
+    where it says they were warmed up (``reference_warmup_s``, since 2026-11-27), else its own
+    forward row of that shape (timed mid-profile like every op it holds; older profiles timed
+    the ends' reference cold: validate/profiler.py, reference GEMM), else the ends' figure."""
     shape = db.meta.get("reference_gemm")
-    if isinstance(shape, list):
+    if not db.meta.get("reference_warmup_s") and isinstance(shape, (list, tuple)):
         rows = [r.time_s for r in db.ops("matmul", "fwd")
-                if list(r.shape) == shape and r.time_s > 0]
+                if tuple(r.shape) == tuple(shape) and r.time_s > 0]
         if rows:
             return float(statistics.median(rows))
     profiled = db.meta.get("reference_gemm_s")
@@ -238,7 +242,8 @@ def in_model_factor(db: ProfileDB, spec: Any, micro_batch: int, *, solo: bool) -
     row = db.whole_model(spec.name)
     if row is None or row.shape != (micro_batch,):
         return 1.0
-    measured = row.solo_s if solo and row.solo_s > 0 else row.time_s
+    solo = solo and row.solo_s > 0  # no solo timing: the all-at-once ratio, both sides
+    measured = row.solo_s if solo else row.time_s
     layers = list(build_graph(spec, micro_batch).layers)
     ops = predicted_kind_s(ProfiledCostModel(db, solo=solo), layers, 1, 1, 0.0)
     ops.pop("optimizer", None)
@@ -261,7 +266,8 @@ def speed_factor(trace: MeasuredTrace, db: ProfileDB) -> float:
     if isinstance(measured, bool) or not isinstance(measured, (int, float)) \
             or not math.isfinite(measured) or measured <= 0:
         raise TraceError(f"trace: machine.reference_gemm_s={measured!r} must be a number > 0")
-    if trace.machine.get("reference_gemm") != db.meta.get("reference_gemm"):
+    if tuple(trace.machine.get("reference_gemm") or ()) \
+            != tuple(db.meta.get("reference_gemm") or ()):
         return 1.0
     profiled = profile_reference_s(db)
     return 1.0 if profiled is None else float(measured) / profiled
@@ -295,12 +301,13 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
     adam = adam_step(trace, layers, p["tp"])
     in_model = (in_model_factor(db, spec, p["micro_batch_size"], solo=False),
                 in_model_factor(db, spec, p["micro_batch_size"], solo=True))
-    cost = ProfiledCostModel(db, scale=factor * in_model[0], optimizer=adam)
+    cost = ProfiledCostModel(db, scale=factor, op_scale=in_model[0], optimizer=adam)
     program = lower(spec, cluster, plan, LoweringOptions(cost_model=cost))
     solo_cost = None
     overlap: tuple[float, ...] | None = None
     if db.has_solo() and world > 1:
-        solo_cost = ProfiledCostModel(db, solo=True, scale=factor * in_model[1], optimizer=adam)
+        solo_cost = ProfiledCostModel(db, solo=True, scale=factor, op_scale=in_model[1],
+                                      optimizer=adam)
         solo_program = lower(spec, cluster, plan, LoweringOptions(cost_model=solo_cost))
         mixed = blend(program, solo_program, engine=engine)
         result, overlap = mixed.result, mixed.overlap

@@ -45,13 +45,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out} exists; remove it first", file=sys.stderr)
         return 2
     try:
+        medians = {r: MeasuredTrace.load(r).iteration_time_s for r in runs}
         chosen = median_run(runs)
-    except TraceError as exc:
+    except (TraceError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for r in runs:
         mark = "  <- kept" if r == chosen else ""
-        print(f"{r}: median iteration {1e3 * MeasuredTrace.load(r).iteration_time_s:.2f} ms{mark}")
+        print(f"{r}: median iteration {1e3 * medians[r]:.2f} ms{mark}")
     shutil.copyfile(chosen, out)
     return 0
 

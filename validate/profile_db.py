@@ -45,7 +45,7 @@ OPTIONAL_COLUMNS = {"solo_s": 0.0}
 """Columns a file may lack (older profiles), with the value they read as."""
 PASSES = ("fwd", "bwd", "step", "fwdbwd", "comm")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p", "all_reduce_after_compute")
-"""Collective kinds of ``comm`` rows (the last: an all-reduce timed after a GEMM on every
+"""Collective kinds of ``comm`` rows (the last: an all-reduce timed after GEMMs on every
 process, what it adds to a training loop; validate/profiler.py)."""
 
 
@@ -66,7 +66,7 @@ class ProfileRow:
     kind: str
     shape: tuple[int, ...] = ()
     pass_: str = "fwd"
-    """``fwd``, ``bwd``, ``step`` or ``comm`` (``pass`` in the file)."""
+    """``fwd``, ``bwd``, ``step``, ``fwdbwd`` or ``comm`` (``pass`` in the file)."""
     group_size: int = 1
     size_bytes: float = 0.0
     flops: float = 0.0
@@ -113,7 +113,7 @@ class ProfileDB:
 
     def has_solo(self) -> bool:
         """Whether op rows carry solo timings (a profile of 2+ processes since solo_s)."""
-        return any(r.solo_s > 0 for r in self.rows if r.pass_ != "comm")
+        return any(r.solo_s > 0 for r in self.rows if r.pass_ not in ("comm", "fwdbwd"))
 
     def kinds(self) -> list[str]:
         """Op kinds with measurements, sorted."""

@@ -30,6 +30,10 @@ takes it as `LoweringOptions(cost_model=...)`. For an op (kind, FLOPs, bytes, sh
    reference-GEMM time over the profile's (validate/profiler.py), so a profile recorded while
    the machine ran at another speed is brought to the trace's.
 
+8. **In-model factor.** ``op_scale`` multiplies the ops' times but not the Adam step's:
+   `sim validate` passes a model's whole forward and backward over the sum of its ops
+   (validate/compare.py `in_model_factor`).
+
 `sources` counts how each estimate was made (``exact``, ``interpolated``, ``roofline``,
 ``cpu_adam``: the `optimizer` function).
 """
@@ -81,14 +85,17 @@ class ProfiledCostModel:
     """Measured op times from a `ProfileDB` (module docstring)."""
 
     def __init__(self, db: ProfileDB, *, solo: bool = False, scale: float = 1.0,
+                 op_scale: float = 1.0,
                  optimizer: Callable[[float], float] | None = None) -> None:
         """Index the database by (kind, shape, pass) and build per-kind curves; `solo` reads
         the rows' solo timings where measured (module docstring, 6); `scale` multiplies every
-        answer (7) but `optimizer`'s (4), which brings its own machine speed."""
+        answer (7) but `optimizer`'s (4), which brings its own machine speed; `op_scale`
+        multiplies the ops' answers only, not the Adam step's (8)."""
         self.db = db
         self.optimizer = optimizer
         self.solo = solo
         self.scale = float(scale)
+        self.op_scale = float(op_scale)
         self.figures = derive_figures(db)
         self._exact: dict[tuple[str, tuple[int, ...], str], list[ProfileRow]] = {}
         self._curves: dict[tuple[str, str], _Curve] = {}
@@ -169,16 +176,17 @@ class ProfiledCostModel:
             fwd = self._lookup(kind, "fwd", flops, shape)
             bwd = self._lookup(kind, "bwd", 2 * flops, shape)
             if fwd is not None and bwd is not None:
-                return (fwd + bwd) / 3.0
+                return self.op_scale * (fwd + bwd) / 3.0
             t = None
         else:
             t = self._lookup(kind, self._pass_of(kind, flops, shape), flops, shape)
         if t is not None:
-            return t
+            return self.op_scale * t
         self.sources["roofline"] += 1
         fig = self.figures
-        return max(flops / fig.peak_flops, bytes_moved / fig.memory_bandwidth_bytes_per_s) \
-            + fig.op_overhead_s
+        return self.op_scale * (max(flops / fig.peak_flops,
+                                    bytes_moved / fig.memory_bandwidth_bytes_per_s)
+                                + fig.op_overhead_s)
 
     def estimate(self, kind: str, flops: float, bytes_moved: float, gpu: Any,
                  freq_mhz: float | None = None, dtype: str = "fp16",

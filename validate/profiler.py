@@ -598,6 +598,7 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
                  "solo_timings": solo, "load_average_before": load_before,
                  "reference_gemm": list(FILLER_GEMM),
                  "reference_gemm_s": statistics.median(reference),
+                 "reference_warmup_s": REFERENCE_WARMUP_S,
                  "load_average_after": _load_average(),
                  "command": f"sim profile --device {device} --model {model} --micro-batch "
                             f"{micro_batch_size} --processes {processes} --warmup {warmup} "

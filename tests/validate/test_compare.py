@@ -97,46 +97,70 @@ def test_machine_speed_factor_scales_the_profiled_op_times(db, traces_dir) -> No
         speed_factor(dataclasses.replace(trace, machine=dict(machine, reference_gemm_s="x")), db)
 
 
-def test_profile_side_of_the_speed_factor_is_its_own_row_of_the_reference_gemm(db) -> None:
-    """The profile's reference is the median of its forward rows of the reference GEMM's shape
-    (timed mid-profile like its other ops), not the figure timed at its ends, which the
-    committed profile took before the GEMM had warmed up; a profile without such a row falls
-    back to that figure."""
+def test_profile_side_of_the_speed_factor(db) -> None:
+    """The profile's reference: its ends' figure where it says they were warmed up
+    (``reference_warmup_s``); else, as for profiles before 2026-11-27 whose ends were timed
+    cold, the median of its forward rows of the reference GEMM's shape (timed mid-profile
+    like its other ops); else the ends' figure."""
     import dataclasses
 
     from trainsim.validate.compare import profile_reference_s
 
     shape = tuple(db.meta["reference_gemm"])
-    rows = [r.time_s for r in db.ops("matmul", "fwd") if r.shape == shape]
-    assert rows and profile_reference_s(db) == pytest.approx(sorted(rows)[len(rows) // 2])
-    assert profile_reference_s(db) < db.meta["reference_gemm_s"]
-    bare = dataclasses.replace(db, rows=tuple(r for r in db.rows if r.shape != shape))
+    rows = sorted(r.time_s for r in db.ops("matmul", "fwd") if r.shape == shape)
+    old = dataclasses.replace(db, meta={k: v for k, v in db.meta.items()
+                                        if k != "reference_warmup_s"})
+    assert rows and profile_reference_s(old) == pytest.approx(rows[len(rows) // 2])
+    warm = dataclasses.replace(db, meta=dict(old.meta, reference_warmup_s=0.5,
+                                             reference_gemm_s=7e-3))
+    assert profile_reference_s(warm) == pytest.approx(7e-3)
+    tupled = dataclasses.replace(old, meta=dict(old.meta, reference_gemm=shape))
+    assert profile_reference_s(tupled) == profile_reference_s(old)
+    bare = dataclasses.replace(old, rows=tuple(r for r in db.rows if r.shape != shape))
     assert profile_reference_s(bare) == db.meta["reference_gemm_s"]
 
 
 def test_in_model_factor_is_the_whole_model_over_its_ops(db) -> None:
     """A profile's ``model:<name>`` row over the sum of that model's profiled ops (forward and
-    backward of one micro-batch) is the factor; doubling the row doubles it; a row at another
-    micro-batch size, or none, gives 1."""
+    backward of one micro-batch) is the factor, all at once and solo (each over its own op
+    times; a row without a solo time gives the all-at-once ratio); doubling the row doubles it;
+    a row at another micro-batch size, or none, gives 1; the row is not an op anywhere."""
     import dataclasses
 
     from trainsim.validate.compare import in_model_factor, predicted_kind_s
+    from trainsim.validate.cpu_hardware import derive_figures
     from trainsim.validate.profile_db import ProfileRow
     from trainsim.validate.profiled_cost import ProfiledCostModel
     from trainsim.validate.small_models import get_validation_model
     from trainsim.workloads.model import build_graph
 
     spec = get_validation_model("tiny-t5")
-    ops = predicted_kind_s(ProfiledCostModel(db), build_graph(spec, 2).layers, 1, 1, 0.0)
-    ops.pop("optimizer")
-    total = sum(ops.values())
+    layers = list(build_graph(spec, 2).layers)
+
+    def op_sum(solo: bool) -> float:
+        ops = predicted_kind_s(ProfiledCostModel(db, solo=solo), layers, 1, 1, 0.0)
+        ops.pop("optimizer")
+        return sum(ops.values())
+
+    total, solo_total = op_sum(False), op_sum(True)
+    assert solo_total != pytest.approx(total)
     base = tuple(r for r in db.rows if r.pass_ != "fwdbwd")
     row = ProfileRow(kind="model:tiny-t5", shape=(2,), pass_="fwdbwd", time_s=1.4 * total,
-                     p25_s=total, p75_s=2 * total, repeats=10, solo_s=0.0)
+                     p25_s=total, p75_s=2 * total, repeats=10, solo_s=1.25 * solo_total)
     with_row = dataclasses.replace(db, rows=base + (row,))
     assert in_model_factor(with_row, spec, 2, solo=False) == pytest.approx(1.4)
+    assert in_model_factor(with_row, spec, 2, solo=True) == pytest.approx(1.25)
+    no_solo = dataclasses.replace(db, rows=base + (dataclasses.replace(row, solo_s=0.0),))
+    assert in_model_factor(no_solo, spec, 2, solo=True) == pytest.approx(1.4)
     twice = dataclasses.replace(db, rows=base + (dataclasses.replace(row, time_s=2.8 * total),))
     assert in_model_factor(twice, spec, 2, solo=False) == pytest.approx(2.8)
     assert in_model_factor(with_row, spec, 4, solo=False) == 1.0
     assert in_model_factor(dataclasses.replace(db, rows=base), spec, 2, solo=False) == 1.0
-    assert ProfiledCostModel(with_row).sources == ProfiledCostModel(db).sources
+    # the row is no op: op answers, kinds, figures and solo detection ignore it
+    bare = dataclasses.replace(db, rows=base)
+    args = ("matmul", 2 * 256 * 1024 * 256, 0.0, (256, 1024, 256))
+    assert ProfiledCostModel(with_row).time_s(*args) == ProfiledCostModel(bare).time_s(*args)
+    assert with_row.kinds() == bare.kinds() and "model:tiny-t5" not in with_row.kinds()
+    assert derive_figures(with_row) == derive_figures(bare)
+    unsolo = tuple(dataclasses.replace(r, solo_s=0.0) for r in base)
+    assert not dataclasses.replace(db, rows=unsolo + (row,)).has_solo()

@@ -53,15 +53,15 @@ def test_benchmark_files_say_how_and_where_they_were_measured(name: str) -> None
 def test_adam_fit_reproduces_its_own_microbenchmark() -> None:
     """The two-coefficient Adam model is physics, not a curve through the traces: it gives every
     cold point bench/cpu_ops.py measured (10 to 160 tensors, 4 Ki to 128 Ki parameters each)
-    within 25 %. Since the benchmark keeps medians (2026-11-27) the worst point is 10 tensors of
-    64 Ki parameters, +21 to +24 % above the fit in three runs whatever order the cases ran in
-    (the fastest call, kept before, stayed within 20 %)."""
+    within 20 % of the measured time. Since the benchmark keeps medians (2026-11-27) the worst
+    point is 10 tensors of 64 Ki parameters: −19 % in the committed recording, −28 % in
+    another run that day (the fit under it, whatever order the cases ran in)."""
     data = json.loads((DATA / CPU_OPS_FILE).read_text())
     cost = adam_cpu_cost()
     assert len(data["adam_points"]) >= 4
     for p in data["adam_points"]:
         model = cost.step_s(p["tensors"] * p["params_per_tensor"], p["tensors"])
-        assert model == pytest.approx(p["cold_s"], rel=0.25), p
+        assert model == pytest.approx(p["cold_s"], rel=0.2), p
 
 
 @pytest.mark.parametrize(("model", "pp", "tp", "stage"), [("tiny-gpt", 1, 1, 0),

@@ -46,7 +46,7 @@ def test_profile_has_ops_and_collectives(e2e_run):
 
 def test_profile_has_solo_timings_after_compute_rows_and_a_reference(e2e_run):
     """With 2 processes on CPU every op row also has a solo timing, the all-reduces are also
-    timed after a GEMM, and the reference GEMM's time is in the metadata (as in each trace)."""
+    timed after GEMMs, and the reference GEMM's time is in the metadata (as in each trace)."""
     from trainsim.validate.profile_db import ProfileDB
 
     db = ProfileDB.load(e2e_run / "profile.csv")

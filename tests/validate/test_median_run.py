@@ -27,15 +27,18 @@ def _copies(traces_dir: Path, tmp_path: Path, scales: list[float]) -> list[Path]
 
 
 def test_the_median_run_is_kept(traces_dir: Path, tmp_path: Path) -> None:
-    """Of runs 1.3x, 0.9x and 1.0x the recorded times, the 1.0x one is the median; main copies
-    it and refuses to overwrite an existing file or run on no input (exit 2)."""
-    runs = _copies(traces_dir, tmp_path, [1.3, 0.9, 1.0])
-    assert median_run(runs) == runs[2]
+    """Of runs 1.3x, 1.0x and 0.9x the recorded times, the 1.0x one (the middle argument) is the
+    median; main copies it, and refuses (exit 2, no traceback) to overwrite an existing file,
+    to run on no input or to read a missing run."""
+    runs = _copies(traces_dir, tmp_path, [1.3, 1.0, 0.9])
+    assert median_run(runs) == runs[1]
+    assert median_run([runs[2], runs[0], runs[1]]) == runs[1]
     out = tmp_path / "kept.json"
     assert main([str(out), *map(str, runs)]) == 0
-    assert out.read_bytes() == runs[2].read_bytes()
+    assert out.read_bytes() == runs[1].read_bytes()
     assert main([str(out), *map(str, runs)]) == 2
     assert main([str(tmp_path / "x.json")]) == 2
+    assert main([str(tmp_path / "y.json"), str(tmp_path / "missing.json")]) == 2
     with pytest.raises(Exception, match="no recordings"):
         median_run([])
     assert dataclasses.is_dataclass(MeasuredTrace.load(out))
