@@ -80,8 +80,8 @@ def collective_steps_volume(kind: str, n: int, size_bytes: float) -> tuple[int, 
 
 def fit_alpha_beta(db: ProfileDB) -> tuple[float, float]:
     """(α seconds, β bytes/s) minimising Σ((steps·α + volume/β − t)/t)² over the all-reduces
-    timed as training issues them (``all_reduce_after_compute``: what an all-reduce adds to a
-    loop of GEMMs + all-reduce, validate/profiler.py), else over the back-to-back all-reduces,
+    timed as training issues them (``all_reduce_after_compute``: an all-reduce's own time
+    after GEMMs, validate/profiler.py), else over the back-to-back all-reduces,
     else over all collectives; a profile without collective rows gets the all-reduce-after-
     compute fit of bench/gloo_collectives.py (validate/data/gloo_loopback.json).
 

@@ -37,8 +37,9 @@ caches its other layers have evicted. On the CI machine kind on 2026-11-27, alon
 
 **All-reduces as training issues them** (``all_reduce_after_compute`` rows, 2+ processes on
 CPU): each process runs `FILLER_CALLS` GEMMs (`FILLER_GEMM`) then the all-reduce, in a loop,
-and the row's time is what the all-reduce adds to the loop (loop with it minus loop without, per
-call). What it adds grows with the compute before it and levels off: on the CI machine kind on
+and the row's time is the all-reduce's own, timed call by call (it includes waiting for the
+peer, as in training). What an all-reduce adds to such a loop grows with the compute before
+it and levels off: on the CI machine kind on
 2026-11-27 a 256 KiB all-reduce added 1.2-1.8 ms back to back, 2.4-3.0 ms after one GEMM
 (1.4 ms), 3.2-3.6 ms after two, 3.2-3.8 after four and 3.2-4.4 after eight, and about as much
 after sleeping that long (so it is the wake-up, not the compute); a training step's
@@ -228,6 +229,9 @@ FILLER_CALLS = 4
 """`FILLER_GEMM`s run before each all-reduce of the ``all_reduce_after_compute`` rows: ~6 ms,
 where the all-reduce's cost has levelled off (module docstring); one GEMM, as profiles before
 2026-11-27 ran, measured it still rising."""
+AFTER_COMPUTE_CALLS = 4
+"""Calls (GEMMs, then the timed all-reduce) per repeat of an ``all_reduce_after_compute``
+row."""
 INTERLEAVED_SIZES_BYTES = (4096, 65536, 2**20)
 """Sizes of the ``all_reduce_after_compute`` rows besides the ones the plans need."""
 
@@ -424,34 +428,39 @@ def reference_gemm_s(dev: Any, barrier: Callable[[], None], agree: Callable[[int
 
 
 def _after_compute(dist: Any, world: int, cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """``all_reduce_after_compute`` rows (module docstring): per size, the loop time of
-    `FILLER_CALLS` GEMMs + all-reduce minus that of the GEMMs alone, repeat by repeat (sorted
-    pairs)."""
+    """``all_reduce_after_compute`` rows (module docstring): per size, the all-reduce's own
+    time when it follows `FILLER_CALLS` GEMMs, timed call by call (`AFTER_COMPUTE_CALLS` calls
+    a repeat, their mean; the row keeps the median repeat). It used to be the loop time with
+    the all-reduce minus the loop time without, whose difference carried the GEMMs' noise:
+    quartiles 0.0-3.5 ms for a 4 KiB all-reduce in a profile of 2026-11-27."""
     import torch
 
     m, n, k = FILLER_GEMM
     a, b = torch.randn(m, k, device=cfg["dev"]), torch.randn(n, k, device=cfg["dev"])
+    sync = cfg["sync"]
     rows = []
     sizes = sorted(set(INTERLEAVED_SIZES_BYTES) | {int(s) for s in cfg["extra_sizes"]})
     for size in sizes:
         x = torch.ones(max(1, size // 4), device=cfg["dev"])
 
-        def gemm() -> None:
+        def after_gemms(x: Any = x) -> float:
             for _ in range(FILLER_CALLS):
                 a @ b.t()
-
-        def both(x: Any = x) -> None:
-            gemm()
+            sync()
+            t0 = time.perf_counter()
             dist.all_reduce(x)
+            sync()
+            return time.perf_counter() - t0
 
-        alone = _time(gemm, cfg["warmup"] + 1, cfg["repeats"], dist.barrier, cfg["agree"],
-                      cfg["sync"])
-        with_ar = _time(both, cfg["warmup"] + 1, cfg["repeats"], dist.barrier, cfg["agree"],
-                        cfg["sync"])
-        added = _backward(with_ar, alone)
+        for _ in range(cfg["warmup"] + 1):
+            after_gemms()
+        times = []
+        for _ in range(cfg["repeats"]):
+            dist.barrier()
+            times.append(statistics.fmean(after_gemms() for _ in range(AFTER_COMPUTE_CALLS)))
         rows.append({"kind": "all_reduce_after_compute", "shape": [], "pass_": "comm",
                      "group_size": world, "size_bytes": float(x.numel() * 4),
-                     "repeats": cfg["repeats"], **_stats(added)})
+                     "repeats": cfg["repeats"], **_stats(times)})
     return rows
 
 
