@@ -21,10 +21,10 @@ the same moment, a barrier before each call:
 Each figure is the median of `--repeats` timed calls, as the traces it is compared with keep
 medians (their iteration and optimizer times). Until 2026-11-27 it was the fastest call, which
 on the traces of that day priced the Adam step 20-32 % below their median steps (DP2 5.43
-against 6.78 ms, PP2 7.37 against 9.98, T5 2.18 against 3.19). The reference GEMM
-(validate/profiler.py's) is timed the same way at the start and end, after running it for
-`REFERENCE_WARMUP_S` (a fresh process's first GEMMs run slow), so that its ratio to a trace's
-brings the figures to the trace's machine speed.
+against 6.78 ms, PP2 7.37 against 9.98, T5 2.18 against 3.19). The reference GEMM is timed at
+the start and end exactly as `sim profile` and `sim trace` time theirs (validate/profiler.py
+`reference_gemm_s`: warmed up, batches of calls), so that its ratio to a trace's brings the
+figures to the trace's machine speed.
 
 Usage: ``python bench/cpu_ops.py [--repeats 40] [--json] [--write validate/data/cpu_ops.json]``.
 ``--write`` stores the fitted figures with the command, date, machine and the measured points

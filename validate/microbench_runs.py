@@ -34,14 +34,11 @@ def reference_gemm_s(dist: Any) -> float:
     the trace's own (the host's speed drifts). `dist` is torch.distributed, initialised."""
     import torch
 
-    from trainsim.validate.profiler import reference_gemm_s as timed  # deferred: start-up time
+    from trainsim.validate import profiler  # deferred: start-up time (torch's importers)
 
-    def agree(n: int) -> int:
-        t = torch.tensor([n])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-
-    return timed(torch.device("cpu"), dist.barrier, agree, lambda: None)
+    cpu = torch.device("cpu")
+    return profiler.reference_gemm_s(cpu, dist.barrier, profiler.max_over_ranks(dist, cpu),
+                                     lambda: None)
 
 
 def provenance(script: str, load_before: float) -> dict[str, Any]:

@@ -44,6 +44,10 @@ COLUMNS = ("kind", "shape", "pass", "group_size", "size_bytes", "flops", "bytes_
 OPTIONAL_COLUMNS = {"solo_s": 0.0}
 """Columns a file may lack (older profiles), with the value they read as."""
 PASSES = ("fwd", "bwd", "step", "fwdbwd", "comm")
+NOT_OPS = ("comm", "fwdbwd")
+"""Passes of rows that are not one op: collectives and whole models."""
+WHOLE_MODEL = "model:"
+"""Kind prefix of a whole model's row (``model:tiny-gpt``, pass ``fwdbwd``)."""
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p", "all_reduce_after_compute")
 """Collective kinds of ``comm`` rows (the last: an all-reduce timed after GEMMs on every
 process, what it adds to a training loop; validate/profiler.py)."""
@@ -104,8 +108,12 @@ class ProfileDB:
 
     def whole_model(self, name: str) -> ProfileRow | None:
         """The ``model:<name>`` row (a whole model's micro-batch), or None."""
-        rows = [r for r in self.rows if r.pass_ == "fwdbwd" and r.kind == f"model:{name}"]
+        rows = [r for r in self.rows if r.pass_ == "fwdbwd" and r.kind == WHOLE_MODEL + name]
         return rows[0] if rows else None
+
+    def op_rows(self) -> list[ProfileRow]:
+        """Rows that time one op (not a collective, not a whole model)."""
+        return [r for r in self.rows if r.pass_ not in NOT_OPS]
 
     def collectives(self) -> list[ProfileRow]:
         """Collective rows."""
@@ -113,11 +121,11 @@ class ProfileDB:
 
     def has_solo(self) -> bool:
         """Whether op rows carry solo timings (a profile of 2+ processes since solo_s)."""
-        return any(r.solo_s > 0 for r in self.rows if r.pass_ not in ("comm", "fwdbwd"))
+        return any(r.solo_s > 0 for r in self.op_rows())
 
     def kinds(self) -> list[str]:
         """Op kinds with measurements, sorted."""
-        return sorted({r.kind for r in self.rows if r.pass_ not in ("comm", "fwdbwd")})
+        return sorted({r.kind for r in self.op_rows()})
 
     def to_frame(self) -> Any:
         """The rows as a pandas DataFrame with `COLUMNS`."""

@@ -101,9 +101,7 @@ class ProfiledCostModel:
         self._curves: dict[tuple[str, str], _Curve] = {}
         self._fpe: dict[tuple[str, str], float] = {}
         groups: dict[tuple[str, str], list[ProfileRow]] = {}
-        for r in db.rows:
-            if r.pass_ in ("comm", "fwdbwd"):  # collectives, whole models: not one op
-                continue
+        for r in db.op_rows():
             self._exact.setdefault((r.kind, r.shape, r.pass_), []).append(r)
             groups.setdefault((r.kind, r.pass_), []).append(r)
         for key, rows in groups.items():

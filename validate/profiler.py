@@ -56,8 +56,9 @@ time the same `FILLER_GEMM`, all processes at once, at their start and end
 trace's figure over the profile's (validate/compare.py) and prints the factor. A process's
 first GEMMs run slow: in a `sim profile` of 2026-11-27 the start's reference took 2.11 and
 2.08 ms per call (two processes), the end's 1.42 and 1.43 ms, and the profile's own row of
-that GEMM 1.46 ms. So the reference first runs the GEMM for `REFERENCE_WARMUP_S`, and
-`sim validate` takes the profile's side from its row of that GEMM where it has one.
+that GEMM 1.46 ms. So the reference first runs the GEMM for `REFERENCE_WARMUP_S` (the profile
+says so in ``reference_warmup_s``), and `sim validate` takes the profile's side from its row of
+that GEMM for profiles recorded before (validate/compare.py `profile_reference_s`).
 
 ``--device cuda`` (validate/devices.py): NCCL, one GPU per process, timers read after
 ``torch.cuda.synchronize()``; no solo timings (each process has its own GPU).
@@ -85,7 +86,7 @@ from trainsim.validate.devices import (
     synchronize,
     worker_device,
 )
-from trainsim.validate.profile_db import ProfileDB, ProfileRow
+from trainsim.validate.profile_db import WHOLE_MODEL, ProfileDB, ProfileRow
 from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.worker_limits import (
     check_calls,
@@ -238,9 +239,6 @@ INTERLEAVED_SIZES_BYTES = (4096, 65536, 2**20)
 REFERENCE_REPEATS = 10
 """Timed batches of the reference GEMM at each end of a profile or trace."""
 
-WHOLE_MODEL = "model:"
-"""Kind prefix of the whole-model rows (``model:tiny-gpt``; module docstring)."""
-
 REFERENCE_WARMUP_S = 0.5
 """Seconds of the reference GEMM run untimed first (module docstring: a fresh process's
 first GEMMs run ~45 % slower)."""
@@ -312,11 +310,7 @@ def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
     def sync() -> None:
         synchronize(dev)
 
-    def agree(n: int) -> int:
-        t = torch.tensor([n], device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-
+    agree = max_over_ranks(dist, dev)
     cfg["agree"], cfg["sync"], cfg["dev"] = agree, sync, dev
     try:
         reference = [reference_gemm_s(dev, dist.barrier, agree, sync)]
@@ -383,6 +377,19 @@ def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def max_over_ranks(dist: Any, dev: Any) -> Callable[[int], int]:
+    """n -> its maximum over every process (an all-reduce on `dev`): how processes agree on a
+    batch length, so their collectives match call for call."""
+    import torch
+
+    def agree(n: int) -> int:
+        t = torch.tensor([n], device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    return agree
 
 
 def _whole_models(tm: Any, cfg: dict[str, Any], rank: int, dist: Any) -> list[dict[str, Any]]:

@@ -92,9 +92,7 @@ def measured_ops(db: ProfileDB, gpu: GpuSpec, dtype: str,
     model = model or RooflineCostModel()
     ops: list[MeasuredOp] = []
     skipped: set[str] = set()
-    for row in db.rows:
-        if row.pass_ in ("comm", "fwdbwd"):  # collectives, whole models: not one op
-            continue
+    for row in db.op_rows():
         try:
             cls = model.op_class(row.kind)
         except TrainsimError:  # a kind the roofline has no class for: reported, not fatal

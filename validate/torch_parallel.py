@@ -40,7 +40,7 @@ from trainsim.validate.devices import (
     synchronize,
     worker_device,
 )
-from trainsim.validate.profiler import reference_gemm_s
+from trainsim.validate.profiler import max_over_ranks, reference_gemm_s
 from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.worker_limits import (
     check_calls,
@@ -171,11 +171,7 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                 record["compute_s"] += t2 - t1
 
 
-        def agree(n: int) -> int:
-            t = torch.tensor([n], device=dev)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            return int(t.item())
-
+        agree = max_over_ranks(dist, dev)
         reference = [reference_gemm_s(dev, dist.barrier, agree, lambda: synchronize(dev))]
         for _ in range(cfg["warmup"]):
             iteration(None)

@@ -526,7 +526,7 @@ class _Lowering:
                 self._bank = Bank(self._tape_list)
             elif self._bank.size != len(self._tape_list):
                 self._bank.grow(self._tape_list)
-            stamp = partial(stamp_run) if uni.one_unit[pairs].all() \
+            stamp = stamp_run if uni.one_unit[pairs].all() \
                 else partial(stamp_units, units=uni.units)  # unfolded: several units a stage
             if stamp(cast(ChunkedBuilder, self.b), self._bank, self._tape_list,
                      uni.tape[pairs], arrays.micro_batch[i:end], arrays.stage[i:end],
