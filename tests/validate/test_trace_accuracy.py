@@ -25,15 +25,15 @@ KIND_BAR = 0.20
 
 _ITERATION_GAPS: dict[str, str] = {}
 _KIND_GAPS = {
-    "tiny-gpt-dp2": "comm -42.6 %: in the one profiled iteration rank 0 waited 3.3 ms for rank "
-                    "1 at the 10.6 MB gradient all-reduce, which then took 12.2 ms under the "
-                    "profiler against 8.9 ms in the profile's row (9.0 predicted in all)",
+    "tiny-gpt-dp2": "comm -42.6 %: in the one profiled iteration rank 0 entered the 10.6 MB "
+                    "gradient all-reduce at 123.95 ms, rank 1 at 127.23 ms, whose all-reduce "
+                    "then took 12.2 ms against 8.9 ms in the profile's row (9.0 predicted)",
     "tiny-gpt-pp2": "comm -26.0 % (pipeline waits) and cross_entropy -41.1 %: per-kind times "
                     "come from one profiled iteration",
-    "tiny-gpt-tp2": "cross_entropy -45.2 %: per-kind times come from one profiled iteration, "
-                    "whose vocab-parallel cross entropy also waits for its peer inside the op",
-    "tiny-t5-dp2": "embedding -64.4 % (1.81 ms measured, 0.64 predicted): the encoder's and "
-                   "decoder's embeddings under the profiler",
+    "tiny-gpt-tp2": "cross_entropy -45.2 %: 6.1 ms in the one profiled iteration the per-kind "
+                    "times come from, against 3.3 predicted",
+    "tiny-t5-dp2": "embedding -64.4 %: 1.81 ms in the one profiled iteration the per-kind "
+                   "times come from, against 0.64 predicted",
 }
 
 
