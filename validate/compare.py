@@ -8,8 +8,9 @@ sets the prediction beside the measurement:
 * per-stage busy time — measured: a stage's first rank's median time inside forward/backward
   passes (tensor-parallel all-reduces included, waits for pipeline receives excluded) plus the
   optimizer step; predicted: the stage's compute- and tp-stream task time;
-* per-op-kind time — measured: the profiled iteration's op spans of each stage's first rank;
-  predicted: the cost model over the stage's sharded ops × micro-batches (forward + backward),
+* per-op-kind time — measured: each stage's first rank's seconds per kind, the median of the
+  trace's clocked iterations (validate/op_clock.py; traces before 2026-11-27 afternoon: the
+  profiled iteration's op spans); predicted: the cost model over the stage's sharded ops × micro-batches (forward + backward),
   with the optimizer step; ``comm`` — measured: the rank's time in torch.distributed calls
   outside any op (gloo/c10d, waits for the peer included) and the tensor-parallel autograd
   nodes (``tp_comm``, folded in); predicted: the same thing on the simulated timeline — the
@@ -31,12 +32,13 @@ to back, its state in cache) but priced by the cold-cache CPU Adam model of
 validate/cpu_microbench.py (bench/cpu_ops.py: a time per parameter tensor plus one per
 parameter), scaled by the trace's reference GEMM over the benchmark's.
 
-The op times are also scaled by the model's in-model factor (`in_model_factor`): its whole
-forward and backward of one micro-batch, timed by the profile, over the sum of its ops timed one
-by one (the glue between ops and evicted caches the op rows do not see). The per-kind
-predictions carry it too, while a trace counts the glue ops under ``other``, which has no
-prediction: for a model whose factor is large (tiny-t5, ×1.28) the kinds lean high by up to
-that much.
+The op times are also brought to the model run whole. With a profile that timed the ops
+inside the whole model (``fwd_in_model`` / ``bwd_in_model`` rows), each kind's forwards and
+backwards are scaled by their time there over their back-to-back time, and then every op by
+what the whole micro-batch leaves (the glue between ops: `in_model_scales`); the per-kind
+predictions leave that last factor out, as no kind's clock in a trace holds the glue. Older
+profiles give one factor for every op (`in_model_factor`): the whole micro-batch over the sum
+of its ops timed one by one; the per-kind predictions carry it.
 
 With a profile that has solo timings (``solo_s``) and more than one process, the prediction
 is the shared-CPU blend of validate/contention.py: each compute task between its solo and
@@ -107,6 +109,10 @@ class Comparison:
     in_model: tuple[float, float] = (1.0, 1.0)
     """`in_model_factor` (all processes at once, solo): the model's ops run whole over one by
     one, applied to the profiled op times with `speed_factor`."""
+    fwd_scale: dict[str, float] = field(default_factory=dict, hash=False)
+    """`in_model_scales`: per op kind, the factor on its profiled forwards (empty: none)."""
+    bwd_scale: dict[str, float] = field(default_factory=dict, hash=False)
+    """`in_model_scales`: per op kind, the factor on its profiled backwards (empty: none)."""
     overlap: tuple[float, ...] | None = None
     """Per stage, the shared-CPU blend's mean overlap (None: profile without solo timings)."""
     result: Any = field(default=None, repr=False, compare=False)
@@ -135,7 +141,8 @@ class Comparison:
                 "peak_memory_error": self.peak_memory_error,
                 "stages": list(self.stages), "op_kinds": list(self.kinds),
                 "cost_sources": dict(self.cost_sources), "speed_factor": self.speed_factor,
-                "in_model_factor": list(self.in_model),
+                "in_model_factor": list(self.in_model), "fwd_scale": dict(self.fwd_scale),
+                "bwd_scale": dict(self.bwd_scale),
                 "overlap": None if self.overlap is None else list(self.overlap)}
 
 
@@ -152,9 +159,10 @@ def _stage_layers(graph: Any, pp: int, counts: list[int]) -> list[list[Any]]:
     return out
 
 
-def predicted_kind_s(cost: Any, layers: list[Any], tp: int, m: int, params: float
-                     ) -> dict[str, float]:
-    """Cost-model seconds per op kind of one stage's iteration (module docstring)."""
+def predicted_kind_s(cost: Any, layers: list[Any], tp: int, m: int, params: float, *,
+                     fold: bool = True) -> dict[str, float]:
+    """Cost-model seconds per op kind of one stage's iteration (module docstring; `fold`:
+    the attention core's two kinds as one, as traces report them)."""
 
     out: dict[str, float] = {}
     for layer in layers:
@@ -164,7 +172,7 @@ def predicted_kind_s(cost: Any, layers: list[Any], tp: int, m: int, params: floa
                 t += 2 * cost.time_s(op.kind, op.bwd_flops / 2, op.bwd_bytes / 2, op.shape)
             else:
                 t += cost.time_s(op.kind, op.bwd_flops, op.bwd_bytes, op.shape)
-            kind = KIND_ALIASES.get(op.kind, op.kind)
+            kind = KIND_ALIASES.get(op.kind, op.kind) if fold else op.kind
             out[kind] = out.get(kind, 0.0) + m * t
     out["optimizer"] = cost.time_s("elementwise", ADAM_STEP_FLOPS_PER_PARAM * params,
                                    ADAM_STEP_BYTES_PER_PARAM * params, None)
@@ -226,6 +234,49 @@ def profile_reference_s(db: ProfileDB) -> float | None:
     if isinstance(profiled, bool) or not isinstance(profiled, (int, float)) or profiled <= 0:
         return None
     return float(profiled)
+
+
+def in_model_scales(db: ProfileDB, spec: Any, micro_batch: int, *, solo: bool
+                    ) -> tuple[dict[str, float], dict[str, float], float] | None:
+    """(per op kind the factor on its forwards, per kind the factor on its backwards, one
+    factor on every op) that bring the model's ops, timed back to back, to the model run
+    whole; None where the profile lacks `spec`'s in-model rows at this micro-batch size (then
+    `in_model_factor`).
+
+    A kind's factors are its forwards and backwards timed inside the whole model (clocks,
+    validate/profiler.py, ops inside the model) over the same ops timed back to back: small
+    memory-bound ops lose far more to caches inside a model than GEMMs do, which one factor on
+    every op cannot say. What the whole micro-batch (its ``model:`` row; `solo`: timed alone)
+    takes beyond the kinds so scaled (glue: views, copies, the autograd walk) is spread over
+    every op by the last factor. All are measured on the whole unsplit model and applied to
+    every stage of every plan, so the traces check them out of sample."""
+    row = db.whole_model(spec.name)
+    fwd_in = db.in_model(spec.name, "fwd_in_model")
+    bwd_in = db.in_model(spec.name, "bwd_in_model")
+    if row is None or row.shape != (micro_batch,) or not fwd_in or not bwd_in:
+        return None
+    solo = solo and row.solo_s > 0
+    whole = row.solo_s if solo else row.time_s
+    layers = list(build_graph(spec, micro_batch).layers)
+
+    def sums(cost: ProfiledCostModel, fold: bool) -> dict[str, float]:
+        out = predicted_kind_s(cost, layers, 1, 1, 0.0, fold=fold)
+        out.pop("optimizer", None)
+        return out
+
+    def back(full: dict[str, float], fwd: dict[str, float]) -> dict[str, float]:
+        return {k: full[k] - fwd.get(k, 0.0) for k in full}
+
+    fwd_hot = sums(ProfiledCostModel(db, no_backward=True), False)
+    bwd_hot = back(sums(ProfiledCostModel(db), True),
+                   sums(ProfiledCostModel(db, no_backward=True), True))
+    fwd_scale = {k: fwd_in[k] / v for k, v in fwd_hot.items() if v > 0 and fwd_in.get(k, 0) > 0}
+    bwd_scale = {k: bwd_in[k] / v for k, v in bwd_hot.items() if v > 0 and bwd_in.get(k, 0) > 0}
+    scaled = sum(sums(ProfiledCostModel(db, solo=solo, fwd_scale=fwd_scale,
+                                        bwd_scale=bwd_scale), False).values())
+    if scaled <= 0:
+        return None
+    return fwd_scale, bwd_scale, whole / scaled
 
 
 def in_model_factor(db: ProfileDB, spec: Any, micro_batch: int, *, solo: bool) -> float:
@@ -299,14 +350,20 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
     counts = list(plan.layers_per_stage(len(graph.transformer_layers())))
     layers = _stage_layers(graph, p["pp"], counts)
     adam = adam_step(trace, layers, p["tp"])
-    in_model = (in_model_factor(db, spec, p["micro_batch_size"], solo=False),
-                in_model_factor(db, spec, p["micro_batch_size"], solo=True))
-    cost = ProfiledCostModel(db, scale=factor, op_scale=in_model[0], optimizer=adam)
+    mb = p["micro_batch_size"]
+    inside = (in_model_scales(db, spec, mb, solo=False), in_model_scales(db, spec, mb, solo=True))
+    in_model = tuple(in_model_factor(db, spec, mb, solo=bool(i)) if x is None else x[2]
+                     for i, x in enumerate(inside))
+    fwd_scale = inside[0][0] if inside[0] is not None else {}
+    bwd_scale = inside[0][1] if inside[0] is not None else {}
+    cost = ProfiledCostModel(db, scale=factor, op_scale=in_model[0], fwd_scale=fwd_scale,
+                             bwd_scale=bwd_scale, optimizer=adam)
     program = lower(spec, cluster, plan, LoweringOptions(cost_model=cost))
     solo_cost = None
     overlap: tuple[float, ...] | None = None
     if db.has_solo() and world > 1:
         solo_cost = ProfiledCostModel(db, solo=True, scale=factor, op_scale=in_model[1],
+                                      fwd_scale=fwd_scale, bwd_scale=bwd_scale,
                                       optimizer=adam)
         solo_program = lower(spec, cluster, plan, LoweringOptions(cost_model=solo_cost))
         mixed = blend(program, solo_program, engine=engine)
@@ -330,8 +387,14 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         alone = pair if solo_cost is None or overlap is None else predicted_kind_s(
             solo_cost, layers[s], p["tp"], p["num_micro_batches"], params)
         phi = 1.0 if overlap is None else overlap[s]
+        # with in-model scales the last factor is the glue between ops, which the traces'
+        # clocks do not put in any kind: the kinds are compared without it (iteration with it)
+        glue = (in_model[0] if inside[0] is not None else 1.0,
+                in_model[1] if inside[1] is not None else 1.0)
         for k, v in pair.items():
-            kinds_pred[k] = kinds_pred.get(k, 0.0) + alone[k] + phi * (v - alone[k])
+            a = alone[k] / (1.0 if k == "optimizer" else glue[1])
+            v = v / (1.0 if k == "optimizer" else glue[0])
+            kinds_pred[k] = kinds_pred.get(k, 0.0) + a + phi * (v - a)
         kinds_pred["comm"] = kinds_pred.get("comm", 0.0) + idle_s(tasks, s)
         measured: dict[str, float] = {str(k): float(v) for k, v in
                                       (first[0].get("kind_s", {}) if first else {}).items()}
@@ -352,7 +415,9 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         iteration_time_spread_s=q[2] - q[0], stages=tuple(stages), kinds=tuple(kinds),
         peak_memory_measured_bytes=trace.peak_memory_bytes,
         peak_memory_predicted_bytes=float(result.peak_memory_bytes),
-        cost_sources=dict(cost.sources), speed_factor=factor, in_model=in_model,
+        cost_sources=dict(cost.sources), speed_factor=factor,
+        in_model=(in_model[0], in_model[1]), fwd_scale=fwd_scale, bwd_scale=bwd_scale,
+
         overlap=overlap, result=result)
 
 
@@ -384,6 +449,10 @@ def format_report(c: Comparison) -> str:
     if c.speed_factor != 1.0:
         lines.append(f"machine speed: profiled op times x {c.speed_factor:.3f} (reference GEMM, "
                      f"trace vs profile)")
+    if c.fwd_scale:
+        for name, scales in (("forwards", c.fwd_scale), ("backwards", c.bwd_scale)):
+            lines.append(f"inside the model (profile), {name} x " + ", ".join(
+                f"{k} {v:.2f}" for k, v in sorted(scales.items())))
     if c.in_model != (1.0, 1.0):
         lines.append(f"in-model factor: profiled op times x {c.in_model[0]:.3f} (solo x "
                      f"{c.in_model[1]:.3f}): the whole model's micro-batch over its ops one by "

@@ -12,7 +12,9 @@ kind       zoo op kind (``matmul``, ``softmax``, ...), ``optimizer`` (Adam step)
 shape      the zoo op's shape joined by ``x`` (``512x768x256``); params for ``optimizer``;
            the micro-batch size for ``model:``; empty for collectives
 pass       ``fwd``, ``bwd`` (the whole backward of the op), ``step``, ``fwdbwd`` (a whole
-           model's micro-batch) or ``comm``
+           model's micro-batch), ``fwd_in_model`` / ``bwd_in_model`` (kind
+           ``model:<name>:<op kind>``: the seconds a micro-batch's forward / backward spends in
+           that kind inside the whole model) or ``comm``
 group_size processes in the collective (1 for ops)
 size_bytes collective payload S as the simulator's formulas take it (0 for ops)
 flops      the zoo's FLOPs of that pass at that shape (workloads/ops.py)
@@ -43,11 +45,13 @@ COLUMNS = ("kind", "shape", "pass", "group_size", "size_bytes", "flops", "bytes_
            "p25_s", "p75_s", "repeats", "solo_s")
 OPTIONAL_COLUMNS = {"solo_s": 0.0}
 """Columns a file may lack (older profiles), with the value they read as."""
-PASSES = ("fwd", "bwd", "step", "fwdbwd", "comm")
-NOT_OPS = ("comm", "fwdbwd")
-"""Passes of rows that are not one op: collectives and whole models."""
+PASSES = ("fwd", "bwd", "step", "fwdbwd", "comm", "fwd_in_model", "bwd_in_model")
+NOT_OPS = ("comm", "fwdbwd", "fwd_in_model", "bwd_in_model")
+"""Passes of rows that are not one op: collectives, whole models and ops timed inside one."""
 WHOLE_MODEL = "model:"
-"""Kind prefix of a whole model's row (``model:tiny-gpt``, pass ``fwdbwd``)."""
+"""Kind prefix of a whole model's row (``model:tiny-gpt``, pass ``fwdbwd``) and of its ops'
+forwards and backwards timed inside it (``model:tiny-gpt:layernorm``, passes ``fwd_in_model``
+and ``bwd_in_model``: one micro-batch's total of that kind)."""
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p", "all_reduce_after_compute")
 """Collective kinds of ``comm`` rows (the last: an all-reduce timed after GEMMs on every
 process, what it adds to a training loop; validate/profiler.py)."""
@@ -110,6 +114,14 @@ class ProfileDB:
         """The ``model:<name>`` row (a whole model's micro-batch), or None."""
         rows = [r for r in self.rows if r.pass_ == "fwdbwd" and r.kind == WHOLE_MODEL + name]
         return rows[0] if rows else None
+
+    def in_model(self, name: str, pass_: str) -> dict[str, float]:
+        """Per op kind, the seconds one micro-batch's forward (`pass_` ``fwd_in_model``) or
+        backward (``bwd_in_model``) of model `name` spent in that kind, timed inside the whole
+        model (empty without such rows)."""
+        prefix = f"{WHOLE_MODEL}{name}:"
+        return {r.kind[len(prefix):]: r.time_s for r in self.rows
+                if r.pass_ == pass_ and r.kind.startswith(prefix)}
 
     def op_rows(self) -> list[ProfileRow]:
         """Rows that time one op (not a collective, not a whole model)."""

@@ -5,7 +5,8 @@ takes it as `LoweringOptions(cost_model=...)`. For an op (kind, FLOPs, bytes, sh
 
 1. **Which pass.** The lowering asks for a forward, a full backward, or (GEMMs) each half of a
    backward; the query's FLOPs say which: a measured row of the same kind and shape whose
-   FLOPs match is used as is. Without one, the pass is the one whose measured FLOPs per
+   FLOPs and bytes match is used as is (FLOPs alone can match another tensor-parallel
+   degree's other pass). Without one, the pass is the one whose measured FLOPs per
    element (FLOPs / ∏shape) is nearest (the zoo counts a backward as 2× the forward FLOPs).
 2. **GEMMs.** A GEMM's forward and each backward half have the same FLOPs and bytes, so the
    lowering's three calls per GEMM cannot be told apart; each returns one third of the
@@ -34,6 +35,10 @@ takes it as `LoweringOptions(cost_model=...)`. For an op (kind, FLOPs, bytes, sh
    `sim validate` passes a model's whole forward and backward over the sum of its ops
    (validate/compare.py `in_model_factor`).
 
+9. **Inside the model.** ``fwd_scale`` and ``bwd_scale`` multiply each kind's measured
+   forwards and backwards: `sim validate` passes each kind's time inside the whole model over
+   the same ops timed back to back (validate/compare.py `in_model_scales`).
+
 `sources` counts how each estimate was made (``exact``, ``interpolated``, ``roofline``,
 ``cpu_adam``: the `optimizer` function).
 """
@@ -42,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +56,21 @@ import numpy as np
 from trainsim.hwmodels.opcost import OpEstimate
 from trainsim.validate.cpu_hardware import derive_figures
 from trainsim.validate.profile_db import ProfileDB, ProfileRow
+from trainsim.validate.trace_import import KIND_ALIASES
 from trainsim.workloads.stage_costs import ADAM_STEP_FLOPS_PER_PARAM
 
 _REL = 1e-6
 """Relative tolerance for FLOP counts to count as the same measurement."""
+
+
+def _same(row: ProfileRow, flops: float, bytes_moved: float | None) -> bool:
+    """`row` measured this op: its FLOPs match, and its bytes too where both are known (a
+    vocab-parallel embedding's backward at tp 2 has the FLOPs of its forward at tp 1, on the
+    same [tokens, hidden] shape; only the bytes tell them apart)."""
+    if abs(row.flops - flops) > _REL * max(flops, 1.0):
+        return False
+    return bytes_moved is None or not row.bytes_moved \
+        or abs(row.bytes_moved - bytes_moved) <= _REL * max(bytes_moved, 1.0)
 
 
 class _Curve:
@@ -85,17 +101,23 @@ class ProfiledCostModel:
     """Measured op times from a `ProfileDB` (module docstring)."""
 
     def __init__(self, db: ProfileDB, *, solo: bool = False, scale: float = 1.0,
-                 op_scale: float = 1.0,
+                 op_scale: float = 1.0, fwd_scale: Mapping[str, float] | None = None,
+                 bwd_scale: Mapping[str, float] | None = None, no_backward: bool = False,
                  optimizer: Callable[[float], float] | None = None) -> None:
         """Index the database by (kind, shape, pass) and build per-kind curves; `solo` reads
         the rows' solo timings where measured (module docstring, 6); `scale` multiplies every
         answer (7) but `optimizer`'s (4), which brings its own machine speed; `op_scale`
-        multiplies the ops' answers only, not the Adam step's (8)."""
+        multiplies the ops' answers only, not the Adam step's (8); `fwd_scale` and `bwd_scale`
+        (per op kind; backwards by the attention core's folded kind) multiply the measured
+        forwards and backwards (9); `no_backward` answers 0 for every backward."""
         self.db = db
         self.optimizer = optimizer
         self.solo = solo
         self.scale = float(scale)
         self.op_scale = float(op_scale)
+        self.fwd_scale = dict(fwd_scale or {})
+        self.bwd_scale = dict(bwd_scale or {})
+        self.no_backward = no_backward
         self.figures = derive_figures(db)
         self._exact: dict[tuple[str, tuple[int, ...], str], list[ProfileRow]] = {}
         self._curves: dict[tuple[str, str], _Curve] = {}
@@ -124,9 +146,10 @@ class ProfiledCostModel:
         return r.flops if r.flops > 0 else float(math.prod(r.shape) or 1)
 
     def _lookup(self, kind: str, pass_: str, flops: float,
-                shape: tuple[int, ...] | None) -> float | None:
+                shape: tuple[int, ...] | None, bytes_moved: float | None = None
+                ) -> float | None:
         rows = self._exact.get((kind, tuple(shape or ()), pass_), [])
-        hits = [self._t(r) for r in rows if abs(r.flops - flops) <= _REL * max(flops, 1.0)]
+        hits = [self._t(r) for r in rows if _same(r, flops, bytes_moved)]
         if hits:
             self.sources["exact"] += 1
             return float(np.median(hits))
@@ -136,11 +159,17 @@ class ProfiledCostModel:
         self.sources["interpolated"] += 1
         return curve(flops)
 
-    def _pass_of(self, kind: str, flops: float, shape: tuple[int, ...] | None) -> str:
+    def _bwd_factor(self, kind: str) -> float:
+        if self.no_backward:
+            return 0.0
+        return self.bwd_scale.get(KIND_ALIASES.get(kind, kind), 1.0)
+
+    def _pass_of(self, kind: str, flops: float, shape: tuple[int, ...] | None,
+                 bytes_moved: float | None = None) -> str:
         shape_t = tuple(shape or ())
         for pass_ in ("fwd", "bwd"):
             for r in self._exact.get((kind, shape_t, pass_), []):
-                if abs(r.flops - flops) <= _REL * max(flops, 1.0):
+                if _same(r, flops, bytes_moved):
                     return pass_
         if not shape_t or (kind, "fwd") not in self._fpe:
             return "fwd"
@@ -174,10 +203,14 @@ class ProfiledCostModel:
             fwd = self._lookup(kind, "fwd", flops, shape)
             bwd = self._lookup(kind, "bwd", 2 * flops, shape)
             if fwd is not None and bwd is not None:
-                return self.op_scale * (fwd + bwd) / 3.0
+                return self.op_scale * (self.fwd_scale.get(kind, 1.0) * fwd
+                                        + self._bwd_factor(kind) * bwd) / 3.0
             t = None
         else:
-            t = self._lookup(kind, self._pass_of(kind, flops, shape), flops, shape)
+            pass_ = self._pass_of(kind, flops, shape, bytes_moved)
+            t = self._lookup(kind, pass_, flops, shape, bytes_moved)
+            if t is not None:
+                t *= self.fwd_scale.get(kind, 1.0) if pass_ == "fwd" else self._bwd_factor(kind)
         if t is not None:
             return self.op_scale * t
         self.sources["roofline"] += 1

@@ -35,6 +35,17 @@ caches its other layers have evicted. On the CI machine kind on 2026-11-27, alon
 124.5-131 against 116.2 ms (×1.07-1.13). `sim validate` scales the ops by that ratio
 (validate/compare.py, in-model factor).
 
+**Ops inside the model** (``model:<name>:<kind>`` rows, passes ``fwd_in_model`` and
+``bwd_in_model``): the whole model run again micro-batch by micro-batch with a clock read
+around each op's forward and each autograd node of its backward (validate/op_clock.py, no
+profiler; backward nodes by the kind their name maps to, the attention core's two as one). Inside a model an op often finds its data out
+of cache: its input was written ops ago, another process shares the last-level cache, and the
+first ops follow the optimizer step. On the CI machine kind (2026-11-27, one process,
+tiny-gpt) a layer norm forward took 28 µs back to back and 67 µs inside the model, softmax
+133 / 232 µs, a residual add 11 / 30 µs, the embedding 32 / 250 µs, GEMMs and GELU within a
+few per cent. `sim validate` scales each kind's forwards by its own in-model ratio
+(validate/compare.py `in_model_scales`).
+
 **All-reduces as training issues them** (``all_reduce_after_compute`` rows, 2+ processes on
 CPU): each process runs `FILLER_CALLS` GEMMs (`FILLER_GEMM`) then the all-reduce, in a loop,
 and the row's time is the all-reduce's own, timed call by call (it includes waiting for the
@@ -78,6 +89,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.errors import TraceError
+from trainsim.validate import op_clock
 from trainsim.validate.devices import (
     check_device,
     device_metadata,
@@ -86,6 +98,7 @@ from trainsim.validate.devices import (
     synchronize,
     worker_device,
 )
+from trainsim.validate.op_clock import OpClock
 from trainsim.validate.profile_db import WHOLE_MODEL, ProfileDB, ProfileRow
 from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.worker_limits import (
@@ -242,6 +255,10 @@ REFERENCE_REPEATS = 10
 REFERENCE_WARMUP_S = 0.5
 """Seconds of the reference GEMM run untimed first (module docstring: a fresh process's
 first GEMMs run ~45 % slower)."""
+
+IN_MODEL_CALLS_PER_REPEAT = 2
+"""Micro-batches a whole model runs with its ops timed inside it, per repeat (each one call,
+so more of them than batches)."""
 
 MIN_BATCH_S = 0.02
 """Each timed repeat runs an op back to back for at least this long and divides: a process
@@ -414,6 +431,28 @@ def _whole_models(tm: Any, cfg: dict[str, Any], rank: int, dist: Any) -> list[di
         rows.append({"kind": f"{WHOLE_MODEL}{name}", "shape": [b], "pass_": "fwdbwd",
                      "flops": 0.0, "bytes_moved": 0.0, "repeats": repeats,
                      "solo_s": statistics.median(st) if st else None, **_stats(times)})
+        per_kind: dict[tuple[str, str], list[float]] = {}
+        for _ in range(IN_MODEL_CALLS_PER_REPEAT * repeats):
+            clock = OpClock()
+            dist.barrier()
+            op_clock.start(clock)
+            try:
+                model.zero_grad(set_to_none=True)
+                out = model(data["ids"], b, spec.seq_len, None, targets=data["targets"],
+                            dec_ids=data.get("dec_ids"))
+                clock.hook_backward(out)
+                out.backward()
+                sync()
+            finally:
+                clock.finish()
+                op_clock.start(None)
+            for pass_, kinds in (("fwd_in_model", clock.fwd_s), ("bwd_in_model", clock.bwd_s)):
+                for k, v in kinds.items():
+                    per_kind.setdefault((pass_, k), []).append(v)
+        for (pass_, k), ts in sorted(per_kind.items()):
+            rows.append({"kind": f"{WHOLE_MODEL}{name}:{k}", "shape": [b], "pass_": pass_,
+                         "flops": 0.0, "bytes_moved": 0.0, "repeats": len(ts), "solo_s": None,
+                         **_stats(ts)})
     return rows
 
 

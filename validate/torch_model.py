@@ -16,6 +16,9 @@ one stage only (data parallelism).
 Per-op events: while `profiling(True)` is on, each zoo op runs inside a
 ``torch.profiler.record_function("op:<kind>:<name>")`` range, so a Kineto trace can be folded
 back to zoo op kinds; it is off for the timed iterations (record_function costs microseconds).
+While an `OpClock` runs instead (validate/op_clock.py), each op's forward is timed by a clock
+read at each end, no profiler: `sim trace` reads its per-kind breakdown so, and `sim profile`
+times the ops inside a whole model so.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainsim.validate import op_clock
 from trainsim.validate import torch_ops as ops
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.plan import uniform_split
@@ -56,7 +60,11 @@ def _synced_range(label: str, device: Any) -> Iterator[None]:
 
 
 def op_range(kind: str, name: str) -> contextlib.AbstractContextManager[Any]:
-    """A record_function range "op:<kind>:<name>" while profiling, else a no-op."""
+    """A record_function range "op:<kind>:<name>" while profiling, a timed forward while an
+    `OpClock` runs, else a no-op."""
+    clock = op_clock.current()
+    if clock is not None:  # a whole pipeline instruction ("action") holds ops: not timed
+        return contextlib.nullcontext() if kind == "action" else op_clock.timed_op(kind, clock)
     if _PROFILING[0]:
         if _SYNC[0] is not None:
             return _synced_range(f"op:{kind}:{name}", _SYNC[0])

@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainsim.validate import op_clock
+
 
 class _CopyToTp(torch.autograd.Function):
     """Megatron's "f": identity forward, all-reduce of the input gradient backward."""
@@ -44,7 +46,8 @@ class _CopyToTp(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
+        with op_clock.comm():
+            dist.all_reduce(grad, group=ctx.group)
         return grad, None
 
 
@@ -54,7 +57,8 @@ class _ReduceFromTp(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         x = x.contiguous()
-        dist.all_reduce(x, group=group)
+        with op_clock.comm():
+            dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
@@ -162,7 +166,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             stats = torch.stack((local_max, local_sum, picked))
             world = dist.get_world_size(group)
             gathered = [torch.empty_like(stats) for _ in range(world)]
-            dist.all_gather(gathered, stats, group=group)
+            with op_clock.comm():
+                dist.all_gather(gathered, stats, group=group)
             every = torch.stack(gathered)  # [tp, 3, tokens]
             global_max = every[:, 0].max(dim=0).values
             total = (every[:, 1] * (every[:, 0] - global_max).exp()).sum(dim=0)

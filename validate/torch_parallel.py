@@ -15,8 +15,10 @@ parallel innermost, then data parallel, then pipeline): rank = stage·dp·tp + r
   (validate/torch_ops.py).
 
 Each worker uses one intra-op thread (two processes share two cores). Timed iterations run
-without the profiler; one extra iteration runs under torch.profiler (per-op ranges, CPU memory
-events) and is folded into per-op events and a peak of live tensor bytes by trace_import.
+without the profiler. `BREAKDOWN_ITERATIONS` more run with clocks around every op, autograd node
+and collective (validate/op_clock.py): the per-kind breakdown. One last iteration runs under
+torch.profiler (per-op ranges, CPU memory events) and is folded into per-op events and a peak
+of live tensor bytes by trace_import.
 
 ``device="cuda"`` (validate/devices.py) runs the same code with NCCL, one GPU per worker
 (``LOCAL_RANK``), host timers read after ``torch.cuda.synchronize()``, op ranges synchronized
@@ -33,6 +35,7 @@ from typing import Any
 
 from trainsim.errors import TraceError
 from trainsim.simulator.schedules import get_schedule
+from trainsim.validate import op_clock
 from trainsim.validate.devices import (
     check_device,
     free_port,
@@ -40,6 +43,7 @@ from trainsim.validate.devices import (
     synchronize,
     worker_device,
 )
+from trainsim.validate.op_clock import OpClock
 from trainsim.validate.profiler import max_over_ranks, reference_gemm_s
 from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.worker_limits import (
@@ -50,6 +54,10 @@ from trainsim.validate.worker_limits import (
     training_memory_bytes,
 )
 
+BREAKDOWN_ITERATIONS = 5
+"""Iterations run with an `OpClock` after the timed ones on CPU; the trace keeps each kind's
+median over them (validate/op_clock.py). On a GPU the clocks would read kernel launches, so
+the breakdown comes from the profiled iteration's synchronized op ranges."""
 WORKER_THREADS = 1
 """Intra-op threads per worker (one core per process on the 2-core CI machine)."""
 
@@ -124,7 +132,8 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                         x = batches[j]["ids"]
                     else:
                         x = torch.empty(shape, device=dev)
-                        dist.recv(x, src=prev_rank)
+                        with op_clock.comm():
+                            dist.recv(x, src=prev_rank)
                         x.requires_grad_(True)
                     t0 = clock()
                     with tm.op_range("action", f"{stage}F{j}"):
@@ -133,6 +142,9 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                         if next_rank is None:
                             out = out / m
                     t1 = clock()
+                    timing = op_clock.current()
+                    if timing is not None:
+                        timing.hook_backward(out)
                     inputs[j], outputs[j] = x, out
                     if next_rank is not None:
                         sends.append(dist.isend(out.detach(), dst=next_rank))
@@ -140,7 +152,8 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                     grad = None
                     if next_rank is not None:
                         grad = torch.empty(shape, device=dev)
-                        dist.recv(grad, src=next_rank)
+                        with op_clock.comm():
+                            dist.recv(grad, src=next_rank)
                     t0 = clock()
                     with tm.op_range("action", f"{stage}B{j}"):
                         torch.autograd.backward(outputs.pop(j), grad)
@@ -154,7 +167,8 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
             if dp_group is not None:
                 grads = [p.grad for p in params if p.grad is not None]
                 flat = torch.cat([g.reshape(-1) for g in grads])
-                dist.all_reduce(flat, group=dp_group)
+                with op_clock.comm():
+                    dist.all_reduce(flat, group=dp_group)
                 flat.div_(dp)
                 offset = 0
                 for g in grads:
@@ -163,8 +177,12 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
             t1 = clock()
             optimizer.step()
             t2 = clock()
-            for w in sends:
-                w.wait()
+            timing = op_clock.current()
+            if timing is not None:
+                timing.add("optimizer", t2 - t1)
+            with op_clock.comm():
+                for w in sends:
+                    w.wait()
             if record is not None:
                 record["dp_sync_s"] += t1 - t0
                 record["optimizer_s"] += t2 - t1
@@ -185,11 +203,21 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
             parts.append(record)
         reference.append(reference_gemm_s(dev, dist.barrier, agree,
                                           lambda: synchronize(dev)))
-        # one profiled iteration: per-op events and CPU memory
+        breakdown: list[dict[str, float]] = []  # per-kind seconds by clocks (op_clock.py)
+        for _ in range(BREAKDOWN_ITERATIONS if dev.type == "cpu" else 0):
+            dist.barrier()
+            clocked = OpClock()
+            op_clock.start(clocked)
+            try:
+                iteration(None)
+            finally:
+                op_clock.start(None)
+            breakdown.append(clocked.finish())
+        # one profiled iteration, after the others (straight after the reference GEMM it ran
+        # 40 % slower: the caches held the GEMM's data): per-op events and CPU memory
         from torch.profiler import ProfilerActivity, profile
 
         dist.barrier()
-        optimizer.zero_grad(set_to_none=True)
         tm.profiling(True, dev)
         trace_path = Path(cfg["out_dir"]) / f"kineto_rank{rank}.json"
         activities = [ProfilerActivity.CPU]
@@ -208,7 +236,8 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                   "iteration_times_s": times, "parts": parts,
                   "param_bytes": tm.tensor_bytes(iter(params)),
                   "state_bytes": state_bytes, "kineto": trace_path.name,
-                  "device_peak_bytes": cuda_peak, "reference_gemm_s": reference}
+                  "device_peak_bytes": cuda_peak, "reference_gemm_s": reference,
+                  "breakdown": breakdown}
         Path(cfg["out_dir"], f"rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
     finally:

@@ -2,8 +2,9 @@
 
 A `MeasuredTrace` holds what `sim validate` compares against: the model and plan, the
 machine, per-iteration wall times after warm-up (the slowest rank's, each iteration starting
-from a barrier), per-rank compute / data-parallel-sync / optimizer times, peak memory, and the
-per-op spans of one profiled iteration (torch.profiler, trainsim's ``op:<kind>:<name>`` ranges).
+from a barrier), per-rank compute / data-parallel-sync / optimizer times, seconds per op kind
+(on CPU the median of clocked iterations, validate/op_clock.py), peak memory, and the per-op
+spans of one profiled iteration (torch.profiler, trainsim's ``op:<kind>:<name>`` ranges).
 
 **Peak memory on CPU** (no ``max_memory_allocated`` there): the parameters' and Adam states'
 bytes, counted from the tensors, plus the peak of the profiler's "Total Allocated" over one
@@ -29,7 +30,7 @@ from trainsim.errors import TraceError
 from trainsim.validate.profiler import FILLER_GEMM, machine_metadata
 from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.torch_parallel import WORKER_THREADS, rank_layout, run_parallel
-from trainsim.validate.trace_import import is_kineto, load_kineto, read_json
+from trainsim.validate.trace_import import KIND_ALIASES, is_kineto, load_kineto, read_json
 
 FORMAT = "trainsim-trace"
 HASH_KEY = "sha256"
@@ -90,7 +91,9 @@ class MeasuredTrace:
     """Per measured iteration, the slowest rank's wall time."""
     ranks: tuple[dict[str, Any], ...] = ()
     """Per rank: rank, stage, replica, tp_index, compute_s, dp_sync_s, optimizer_s (medians),
-    state_bytes, peak_allocated_bytes, peak_memory_bytes, kind_s (per op kind, profiled)."""
+    state_bytes, peak_allocated_bytes, peak_memory_bytes, kind_s (per op kind: on CPU since
+    2026-11-27 the median of clocked iterations, validate/op_clock.py; before, and on GPUs,
+    from the profiled iteration)."""
     events: tuple[dict[str, Any], ...] = ()
     """Op spans of the profiled iteration: rank, name, kind, ts_us (from its start), dur_us."""
     machine: dict[str, Any] = field(default_factory=dict, hash=False)
@@ -272,6 +275,20 @@ def _load_average() -> float | None:
         return None
 
 
+def _breakdown(iterations: list[dict[str, float]]) -> dict[str, float]:
+    """Per op kind (the attention core's two as one, as the Kineto folding has them), the
+    median over the clocked iterations of its seconds (validate/op_clock.py)."""
+    folded = []
+    for kinds in iterations:
+        one: dict[str, float] = {}
+        for k, v in kinds.items():
+            name = KIND_ALIASES.get(k, k)
+            one[name] = one.get(name, 0.0) + v
+        folded.append(one)
+    names = sorted({k for one in folded for k in one})
+    return {k: statistics.median(one.get(k, 0.0) for one in folded) for k in names}
+
+
 def record_trace(model: str, plan: dict[str, int], *, iterations: int = 10, warmup: int = 3,
                  command: str = "", device: str = "cpu") -> MeasuredTrace:
     """Run `plan` for real (validate/torch_parallel.py) on `device` (``cpu`` or ``cuda``) and
@@ -311,7 +328,9 @@ def record_trace(model: str, plan: dict[str, int], *, iterations: int = 10, warm
                           "state_bytes": rec["state_bytes"],
                           "peak_allocated_bytes": kin["peak_allocated_bytes"],
                           "peak_memory_bytes": peak,
-                          "kind_s": {k: round(v, 7) for k, v in kin["kind_s"].items()}})
+                          "kind_s": {k: round(v, 7) for k, v in
+                                     (_breakdown(rec["breakdown"]) if rec.get("breakdown")
+                                      else kin["kind_s"]).items()}})
     per_iter = [max(r["iteration_times_s"][i] for r in ranks) for i in range(iterations)]
 
     machine = machine_metadata(world, WORKER_THREADS, device)
@@ -320,6 +339,9 @@ def record_trace(model: str, plan: dict[str, int], *, iterations: int = 10, warm
                         t for rec in recs for t in rec["reference_gemm_s"]),
                     "load_average_before": load_before, "load_average_after": _load_average(),
                     "warmup": warmup, "iterations": iterations, "command": command,
+                    "breakdown": "median of clocked iterations (validate/op_clock.py)"
+                                 if any(rec.get("breakdown") for rec in recs) else
+                                 "one profiled iteration (torch.profiler)",
                     "memory_method": "torch.cuda.max_memory_allocated over one iteration"
                                      if device == "cuda" else
                                      "state tensors + peak of torch.profiler Total Allocated "

@@ -164,3 +164,69 @@ def test_in_model_factor_is_the_whole_model_over_its_ops(db) -> None:
     assert derive_figures(with_row) == derive_figures(bare)
     unsolo = tuple(dataclasses.replace(r, solo_s=0.0) for r in base)
     assert not dataclasses.replace(db, rows=unsolo + (row,)).has_solo()
+
+
+def test_in_model_scales_are_each_kinds_time_inside_the_model_over_back_to_back(db) -> None:
+    """`in_model_scales`: each kind's forwards (and backwards, by folded kind) timed inside the
+    whole model over the same ops' back-to-back times, then one factor for what the whole
+    micro-batch leaves; None without in-model rows or at another micro-batch size."""
+    import dataclasses
+
+    from trainsim.validate.compare import in_model_scales, predicted_kind_s
+    from trainsim.validate.profile_db import ProfileRow
+    from trainsim.validate.profiled_cost import ProfiledCostModel
+    from trainsim.validate.small_models import get_validation_model
+    from trainsim.workloads.model import build_graph
+
+    spec = get_validation_model("tiny-gpt")
+    layers = list(build_graph(spec, 2).layers)
+    plain = dataclasses.replace(db, rows=tuple(
+        r for r in db.rows if not r.pass_.endswith("_in_model") and r.pass_ != "fwdbwd"))
+
+    def kinds(cost: ProfiledCostModel, fold: bool) -> dict[str, float]:
+        out = predicted_kind_s(cost, layers, 1, 1, 0.0, fold=fold)
+        out.pop("optimizer")
+        return out
+
+    fwd = kinds(ProfiledCostModel(plain, no_backward=True), False)
+    full = kinds(ProfiledCostModel(plain), True)
+    fwd_folded = kinds(ProfiledCostModel(plain, no_backward=True), True)
+    bwd = {k: full[k] - fwd_folded.get(k, 0.0) for k in full}
+    fwd_x = {k: (2.0 if k == "layernorm" else 1.0) for k in fwd}
+    bwd_x = {k: (3.0 if k == "layernorm" else 1.0) for k in bwd}
+    inside = sum(fwd_x[k] * v for k, v in fwd.items()) + sum(bwd_x[k] * v for k, v in bwd.items())
+
+    def row(kind: str, pass_: str, t: float) -> ProfileRow:
+        return ProfileRow(kind=kind, shape=(2,), pass_=pass_, time_s=t, repeats=10)
+
+    rows = [row("model:tiny-gpt", "fwdbwd", 1.1 * inside)]
+    rows += [row(f"model:tiny-gpt:{k}", "fwd_in_model", fwd_x[k] * v) for k, v in fwd.items()]
+    rows += [row(f"model:tiny-gpt:{k}", "bwd_in_model", bwd_x[k] * v) for k, v in bwd.items()]
+    with_rows = dataclasses.replace(plain, rows=plain.rows + tuple(rows))
+    got = in_model_scales(with_rows, spec, 2, solo=False)
+    assert got is not None
+    assert got[0] == pytest.approx(fwd_x) and got[1] == pytest.approx(bwd_x)
+    assert got[2] == pytest.approx(1.1)
+    assert in_model_scales(with_rows, spec, 4, solo=False) is None
+    assert in_model_scales(plain, spec, 2, solo=False) is None
+    # the in-model rows are no ops
+    assert with_rows.kinds() == plain.kinds()
+
+
+def test_a_profile_row_is_matched_by_flops_and_bytes(db) -> None:
+    """A vocab-parallel embedding's backward at tp 2 has the FLOPs of its forward at tp 1 on
+    the same shape; the bytes tell them apart, so each query gets its own row."""
+    import dataclasses
+
+    from trainsim.validate.profile_db import ProfileRow
+    from trainsim.validate.profiled_cost import ProfiledCostModel
+
+    fwd_tp1 = ProfileRow(kind="embedding", shape=(65536,), pass_="fwd", flops=65536.0,
+                         bytes_moved=786432.0, time_s=3e-5, repeats=10)
+    bwd_tp2 = ProfileRow(kind="embedding", shape=(65536,), pass_="bwd", flops=65536.0,
+                         bytes_moved=655360.0, time_s=3e-4, repeats=10)
+    others = tuple(r for r in db.rows if r.kind != "embedding")
+    both = dataclasses.replace(db, rows=others + (fwd_tp1, bwd_tp2))
+    cost = ProfiledCostModel(both)
+    assert cost.time_s("embedding", 65536.0, 655360.0, (65536,)) == pytest.approx(3e-4)
+    assert cost.time_s("embedding", 65536.0, 786432.0, (65536,)) == pytest.approx(3e-5)

@@ -92,7 +92,8 @@ def test_measured_optimizer_is_the_timed_median_and_predicted_by_the_adam_model(
     c = compare(trace, ProfileDB.load(traces_dir / "profile.csv"))
     opt = {k["kind"]: k for k in c.kinds}["optimizer"]
     assert opt["measured_s"] == pytest.approx(trace.ranks[0]["optimizer_s"])
-    assert opt["measured_s"] != pytest.approx(trace.ranks[0]["kind_s"]["optimizer"])
+    breakdown = trace.ranks[0]["kind_s"].get("optimizer")  # clocked traces since 2026-11-27
+    assert breakdown is None or opt["measured_s"] != pytest.approx(breakdown)
     cost = adam_cpu_cost()
     speed = trace.machine["reference_gemm_s"] / cost.reference_gemm_s
     params = c.result.tasks.query("kind == 'optimizer' and rank == 0")

@@ -50,8 +50,11 @@ def test_profile_has_solo_timings_after_compute_rows_and_a_reference(e2e_run):
     from trainsim.validate.profile_db import ProfileDB
 
     db = ProfileDB.load(e2e_run / "profile.csv")
-    ops = [r for r in db.rows if r.pass_ != "comm"]
-    assert ops and all(r.solo_s > 0 for r in ops)
+    ops = db.op_rows() + [db.whole_model("micro-gpt")]
+    assert ops and all(r is not None and r.solo_s > 0 for r in ops)
+    # the ops inside the whole model, forwards and backwards, by clocks (op_clock.py)
+    assert {"matmul", "layernorm"} <= set(db.in_model("micro-gpt", "fwd_in_model"))
+    assert {"matmul", "layernorm"} <= set(db.in_model("micro-gpt", "bwd_in_model"))
     assert any(r.kind == "all_reduce_after_compute" for r in db.collectives())
     assert db.meta["reference_gemm_s"] > 0
     trace = MeasuredTrace.load(e2e_run / "dp2.json")
@@ -68,6 +71,10 @@ def test_trace_records_iterations_events_and_memory(e2e_run):
     for r in trace.ranks:
         assert r["peak_memory_bytes"] > r["state_bytes"] > 0
     assert {e["kind"] for e in trace.events} >= {"matmul", "layernorm"}
+    # the per-kind breakdown is read by clocks in the extra iterations, not by the profiler
+    assert trace.machine["breakdown"].startswith("median of clocked iterations")
+    for r in trace.ranks:
+        assert {"matmul", "layernorm", "comm", "optimizer"} <= set(r["kind_s"])
 
 
 @pytest.mark.parametrize("plan", ["dp2", "tp2"])

@@ -1,0 +1,62 @@
+"""validate/op_clock.py: per-kind seconds by clocks around forwards, autograd nodes and
+communication."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainsim.validate import op_clock
+from trainsim.validate import torch_model as tm
+from trainsim.validate.op_clock import OpClock
+from trainsim.validate.small_models import get_validation_model
+
+
+def _clocked(fn) -> dict[str, float]:
+    clock = OpClock()
+    op_clock.start(clock)
+    try:
+        fn(clock)
+    finally:
+        op_clock.start(None)
+    return clock.finish()
+
+
+def test_communication_inside_an_op_counts_as_comm_not_as_the_op() -> None:
+    def run(clock: OpClock) -> None:
+        with tm.op_range("embedding", "e"):
+            time.sleep(0.002)
+            with op_clock.comm():
+                time.sleep(0.02)
+
+    kinds = _clocked(run)
+    assert kinds["comm"] >= 0.02
+    assert 0.002 <= kinds["embedding"] < 0.015
+
+
+def test_pipeline_actions_are_containers_not_timed() -> None:
+    kinds = _clocked(lambda clock: tm.op_range("action", "0F0").__enter__())
+    assert "action" not in kinds
+
+
+def test_a_model_iteration_gives_forward_and_backward_kinds() -> None:
+    spec = get_validation_model("tiny-gpt")
+    model = tm.build_stage(spec, stage=0, pp=1, tp=1, tp_rank=0)
+    batch = tm.batch(spec, 1, seed=0)
+
+    def run(clock: OpClock) -> None:
+        out = model(batch["ids"], 1, spec.seq_len, None, targets=batch["targets"])
+        clock.hook_backward(out)
+        out.backward()
+
+    first = _clocked(run)
+    for kind in ("matmul", "layernorm", "softmax", "gelu", "embedding", "cross_entropy"):
+        assert first.get(kind, 0.0) > 0, kind
+    # the backward is timed too: matmul's nodes take about twice its forwards
+    forward_only = _clocked(lambda clock: model(batch["ids"], 1, spec.seq_len, None,
+                                                targets=batch["targets"]))
+    assert first["matmul"] > 1.5 * forward_only["matmul"]
+    assert "other" not in forward_only
