@@ -28,7 +28,13 @@ new), and the analytical bound (search/bound.py): how many plans of each stream 
 many a branch-and-bound planner would prune before lowering (bound >= the best time found so
 far in stream order), bounds per second, and that no bound exceeds the engine's time.
 
-Usage: ``python bench/oracle.py [--quick] [--json]`` (``--quick``: shorter streams, no
+*Issue day* — the same plans timed by the Oracle of commit `ISSUE_DAY` (the code when issue 15
+was filed), exported with ``git archive`` and run in a process of its own
+(bench/oracle_baseline.py): issue 15's "10× today's" is measured against it, since the old side
+above already has the lowering work done since (stamped instruction runs, planned collectives
+shared between groups) and so understates the gain.
+
+Usage: ``python bench/oracle.py [--quick] [--json] [--issue-day COMMIT|none]`` (``--quick``: shorter streams, no
 unfolded case).
 """
 
@@ -42,6 +48,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+ISSUE_DAY = "483690e"
+"""The last commit before issue 15's first change (495bcc0, its sweep): the Oracle the issue
+measured ("about 52 ms" an evaluation, on the Aceso stream of the small case)."""
 SMALL = ("aceso-gpt-1.3b", "4xV100-PCIe-32GB", 512, 12000.0)
 LARGE = ("gpt3-175b", "128x8xA100-SXM4-80GB", 1536, None)
 MEGATRON_175B = {"dp": 8, "tp": 8, "pp": 16, "global_batch": 1536, "micro_batch_size": 1,
@@ -234,6 +243,46 @@ def unfolded() -> dict[str, Any]:
     return row
 
 
+def issue_day(streams: list[tuple[str, tuple[str, str, int, float | None], list[Any]]],
+              commit: str) -> dict[str, float] | None:
+    """CPU seconds of commit `commit`'s Oracle on each stream (bench/oracle_baseline.py, in a
+    process of its own on an export of that commit); None, with a line saying why, where the
+    export or the run fails (no git history, say)."""
+    import io
+    import os
+    import subprocess
+    import sys
+    import tarfile
+    import tempfile
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    archive = subprocess.run(["git", "-C", str(here.parent), "archive", commit],
+                             capture_output=True, check=False)
+    if archive.returncode:
+        print(f"  [issue-day baseline skipped: git archive {commit}: "
+              f"{archive.stderr.decode().strip()}]")
+        return None
+    with tempfile.TemporaryDirectory(prefix="trainsim-issue-day-") as tmp:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(Path(tmp, "trainsim"), filter="data")
+        spec = {"streams": [{"name": name, "model": case[0], "cluster": case[1],
+                             "plans": [p.to_dict() for p in plans]}
+                            for name, case, plans in streams]}
+        Path(tmp, "streams.json").write_text(json.dumps(spec))
+        env = {**os.environ, "PYTHONPATH": tmp}
+        run = subprocess.run([sys.executable, str(here / "oracle_baseline.py"),
+                              str(Path(tmp, "streams.json"))], env=env, capture_output=True,
+                             text=True, check=False)
+    if run.returncode:
+        print(f"  [issue-day baseline failed: {run.stderr.strip().splitlines()[-1:]}]")
+        return None
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    if not out["trainsim"].startswith(tmp):
+        raise SystemExit(f"issue-day baseline imported {out['trainsim']}, not the export")
+    return {r["name"]: r["cpu_s"] for r in out["streams"] if not r["errors"]}
+
+
 def _timed(label: str, fn: Callable[[], Any]) -> Any:
     t0 = time.perf_counter()
     out = fn()
@@ -243,14 +292,24 @@ def _timed(label: str, fn: Callable[[], Any]) -> Any:
 
 def render(report: dict[str, Any]) -> str:
     """The tables, as text."""
+    day = report.get("issue_day") or {}
     lines = [(f"trainsim Oracle benchmark ({report['mode']}): evaluations per CPU second, "
-              "old (fast=False) vs new (fast=True), same plans, taking turns"), ""]
-    lines.append(f"{'case / stream':34} {'plans':>6} {'tasks/plan':>10} {'old eval/s':>11} "
-                 f"{'new eval/s':>11} {'speedup':>8} {'same':>5}")
+              "old (fast=False) vs new (fast=True), same plans, taking turns; issue day: "
+              f"commit {report['issue_day_commit']}'s Oracle on the same plans, in a process "
+              "of its own"), ""]
+    lines.append(f"{'case / stream':34} {'plans':>6} {'tasks/plan':>10} {'day eval/s':>11} "
+                 f"{'old eval/s':>11} {'new eval/s':>11} {'new/old':>8} {'new/day':>8} "
+                 f"{'same':>5}")
     for r in report["streams"]:
+        d = day.get(r["stream"])
+        day_rate = "n/a" if d is None else f"{r['plans'] / d:.1f}"
+        vs_day = "n/a" if d is None else f"{d / r['new_s']:.2f}x"
         lines.append(f"{r['stream']:34} {r['plans']:>6} {r['tasks_per_plan']:>10,.0f} "
-                     f"{r['old_evals_per_s']:>11.1f} {r['new_evals_per_s']:>11.1f} "
-                     f"{r['speedup']:>7.2f}x {'yes' if r['same'] else 'NO':>5}")
+                     f"{day_rate:>11} {r['old_evals_per_s']:>11.1f} "
+                     f"{r['new_evals_per_s']:>11.1f} {r['speedup']:>7.2f}x {vs_day:>8} "
+                     f"{'yes' if r['same'] else 'NO':>5}")
+    lines.append("(same: new and old give identical Summaries; the issue-day code predates "
+                 "physics changes since, so its answers differ and only its speed is compared)")
     u = report.get("unfolded")
     if u:
         lines.append("")
@@ -278,6 +337,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter streams, no unfolded case")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--issue-day", default=ISSUE_DAY, metavar="COMMIT",
+                        help=f"commit whose Oracle is the issue's baseline (default {ISSUE_DAY};"
+                             " 'none' skips it)")
     args = parser.parse_args()
     quick = args.quick
     from trainsim.simulator.engine_numba import event_times
@@ -297,6 +359,9 @@ def main() -> None:
                ("175B / 1024 A100: aceso moves", LARGE, large_aceso)]
     report["streams"] = [_timed(name, lambda n=name, c=case, p=plans: compare(n, c, p))
                          for name, case, plans in streams]
+    report["issue_day_commit"] = args.issue_day
+    report["issue_day"] = None if args.issue_day == "none" else _timed(
+        "issue-day baseline", lambda: issue_day(streams, args.issue_day))
     if not quick:
         report["unfolded"] = _timed("175B unfolded", unfolded)
     report["engines"] = _timed("engines", lambda: engines(SMALL, small_grid[:8 if quick else 16]))

@@ -29,6 +29,7 @@ from trainsim.hwmodels.cluster import Cluster
 from trainsim.simulator.engines import check_engine, run_program
 from trainsim.simulator.program import FrozenProgram
 from trainsim.simulator.result import LeanResult, SimResult, lean_result
+from trainsim.simulator.task_table import use_compiled_kernels
 from trainsim.workloads.lowering import LoweringOptions, lower
 from trainsim.workloads.lowering.cache import LoweringCache
 from trainsim.workloads.model import ModelSpec
@@ -211,6 +212,8 @@ class Oracle:
         fast: bool = True,
     ) -> None:
         self.engine = check_engine(engine)
+        if self.engine == "numba":  # many programs: compiled CSR passes pay off (task_table)
+            use_compiled_kernels()
         if not isinstance(model, ModelSpec):
             raise TrainsimError(f"oracle: model={model!r} must be a ModelSpec (resolve names "
                                 "with trainsim.api.load_model)")

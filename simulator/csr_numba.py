@@ -8,7 +8,8 @@ stable sort, which numpy does by comparison (timsort) at O(n log n); keys bounde
 or queue count sort in one counting pass instead. Checking that no task lists a rank or a link
 twice needs no sort at all, only a look along each (short) row. Both give exactly the numpy
 results they replace (tests/simulator/test_csr_numba.py); task_table.py and program.py use
-them from `task_table.COMPILED_FROM` items on, so small programs never compile them.
+them from `task_table.COMPILED_FROM` items on (`COMPILED_FOR_MANY` once the Oracle runs), so
+one small program never compiles them.
 """
 
 from __future__ import annotations

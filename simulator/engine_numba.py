@@ -50,7 +50,7 @@ from trainsim.simulator.event_loop_numba import (
 )
 from trainsim.simulator.program import SM_OCCUPIES, FrozenProgram, Program
 from trainsim.simulator.result import SimResult, build_result
-from trainsim.simulator.task_table import COMPILED_FROM
+from trainsim.simulator.task_table import compiled
 
 #: Task ends between two progress reports when `on_progress` is given (about 1% of tasks).
 _PROGRESS_PARTS = 100
@@ -60,10 +60,10 @@ def successors(frozen: FrozenProgram) -> tuple[np.ndarray, np.ndarray]:
     """Reverse the dependency CSR: task d's dependants are `succ_idx[succ_ptr[d]:succ_ptr[d+1]]`.
 
     A task listing the same dep twice appears twice, matching its wait count. Compiled from
-    `COMPILED_FROM` deps on (csr_numba.py); numpy's stable argsort below, the same result.
+    `task_table.compiled` deps on (csr_numba.py); numpy's stable argsort below, the same result.
     """
     n = frozen.num_tasks
-    if len(frozen.dep_idx) >= COMPILED_FROM:
+    if compiled(len(frozen.dep_idx)):
         return reverse_csr(frozen.dep_ptr, frozen.dep_idx, n)
     counts = np.diff(frozen.dep_ptr)
     owner = np.repeat(np.arange(n, dtype=np.int64), counts)

@@ -77,7 +77,7 @@ import numpy as np
 
 from trainsim.errors import SimulationError
 from trainsim.simulator.task import Task, check_number
-from trainsim.simulator.task_table import COMPILED_FROM, TaskTable
+from trainsim.simulator.task_table import TaskTable, compiled
 
 #: Streams drawn first, in this order, by the exporters; other names follow alphabetically.
 CONVENTIONAL_STREAMS: tuple[str, ...] = ("compute", "tp", "pp", "dp")
@@ -405,7 +405,7 @@ def _first_appearance(codes: np.ndarray, names: tuple[str, ...]
     engines and results see the same code tables whatever built the program."""
     if len(codes) == 0:
         return np.zeros(0, np.int32), ()
-    if len(codes) >= COMPILED_FROM:  # the same codes in one compiled pass, not a sort
+    if compiled(len(codes)):  # the same codes in one compiled pass, not a sort
         from trainsim.simulator.csr_numba import first_appearance  # deferred: start-up time
 
         order = first_appearance(codes, len(names))
@@ -515,7 +515,7 @@ class FrozenProgram:
         dep_ptr, dep_idx = table.dep_ptr, table.dep_idx
         # Queues: one per (rank, stream) pair, sorted by (rank, stream code).
         num_streams = max(len(stream_names), 1)
-        if len(member_rank) >= COMPILED_FROM:  # the same arrays, one compiled counting pass
+        if compiled(len(member_rank)):  # the same arrays, one compiled counting pass
             from trainsim.simulator.csr_numba import queues  # deferred: start-up time (numba)
 
             queue_ptr, queue_task, queue_keys, member_queue, member_pos = queues(

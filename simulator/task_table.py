@@ -265,7 +265,7 @@ def _repeats(ptr: np.ndarray, values: np.ndarray, owner: np.ndarray, n: int) -> 
     """Per task, whether its CSR row (`values[ptr[t]:ptr[t+1]]`, owners `owner`) repeats a
     value: sorted within rows by numpy, or for a large table by a compiled look along each
     row (csr_numba.py)."""
-    if len(values) >= COMPILED_FROM:
+    if compiled(len(values)):
         from trainsim.simulator.csr_numba import rows_with_repeats  # deferred: start-up time
 
         return rows_with_repeats(ptr, values)
@@ -285,8 +285,26 @@ COMPILED_FROM = 200_000
 """Entries (deps, members, links) from which the compiled CSR kernels of csr_numba.py replace
 numpy: `_repeats` here, the queues of `FrozenProgram.from_program` and the engine's reversed
 dependencies. They pay off on unfolded programs of hundreds of thousands of tasks; below this
-numpy is quick enough, and a small run (the Quickstart's 7,172 tasks) then does not compile
-them on a machine's first run (about a second of numba compilation, bench/engine.py cold)."""
+numpy is quick enough for one program, and a small run (the Quickstart's 7,172 tasks) then does
+not compile them on a machine's first run (about a second of numba compilation,
+bench/engine.py cold)."""
+COMPILED_FOR_MANY = 1_000
+"""The threshold once a caller evaluates many programs (`use_compiled_kernels`: the Oracle):
+the one-off compilation is then shared by every plan, and numpy's passes (sorts of every
+member and link, ~0.1 ms each) were 13 % of an evaluation of GPT-3 175B's Aceso moves and
+20 % of the 1.3B grid's (bench/oracle.py streams, 2026-11-27)."""
+_THRESHOLD = [COMPILED_FROM]
+
+
+def compiled(entries: int) -> bool:
+    """Whether a CSR pass over `entries` items runs the compiled kernels (csr_numba.py)."""
+    return entries >= _THRESHOLD[0]
+
+
+def use_compiled_kernels() -> None:
+    """From now on, in this process, run the compiled CSR kernels from `COMPILED_FOR_MANY`
+    entries on (their results are numpy's; tests/simulator/test_csr_numba.py)."""
+    _THRESHOLD[0] = COMPILED_FOR_MANY
 
 
 def _any_row(rows: np.ndarray, n: int) -> np.ndarray:
@@ -408,7 +426,7 @@ class TaskTableBuilder:
 
         dep_ptr = ptr(self.dep_count)
         dep_idx = np.asarray(self.dep_idx, dtype=np.int64)
-        if len(self.late_owner) and len(dep_idx) + len(self.late_owner) >= COMPILED_FROM:
+        if len(self.late_owner) and compiled(len(dep_idx) + len(self.late_owner)):
             # the stable sort below, as one compiled counting pass
             from trainsim.simulator.csr_numba import merge_late  # deferred: start-up time
 

@@ -42,9 +42,7 @@ def test_reverse_csr_matches_the_sorted_reverse(seed: int) -> None:
 
 @pytest.mark.parametrize("compiled_from", [0, 10**12], ids=["compiled", "numpy"])
 def test_successors_of_a_program(compiled_from: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainsim.simulator import engine_numba
-
-    monkeypatch.setattr(engine_numba, "COMPILED_FROM", compiled_from)
+    monkeypatch.setattr(task_table, "_THRESHOLD", [compiled_from])
     frozen = random_program(3, 4, 200).freeze()
     ptr, idx = successors(frozen)
     owner = np.repeat(np.arange(frozen.num_tasks), np.diff(frozen.dep_ptr))
@@ -60,10 +58,11 @@ def test_rows_with_repeats_matches_the_sorted_check(seed: int,
     rng = np.random.default_rng(seed)
     ptr, values = _csr(rng, 2000, 40, 6)
     owner = np.repeat(np.arange(2000), np.diff(ptr))
-    want = task_table._repeats(ptr, values, owner, 2000)  # numpy (small input)
+    monkeypatch.setattr(task_table, "_THRESHOLD", [10**12])
+    want = task_table._repeats(ptr, values, owner, 2000)  # numpy
     assert want.any() and not want.all()
     np.testing.assert_array_equal(rows_with_repeats(ptr, values), want)
-    monkeypatch.setattr(task_table, "COMPILED_FROM", 0)  # the compiled path through the table code
+    monkeypatch.setattr(task_table, "_THRESHOLD", [0])  # the compiled path through the table code
     np.testing.assert_array_equal(task_table._repeats(ptr, values, owner, 2000), want)
 
 
@@ -97,11 +96,9 @@ def test_freezing_with_the_counting_sort_gives_the_same_queues(
 def _assert_compiled_queues_match_numpy(prog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Freezing `prog` with the compiled kernels (threshold 0) and with numpy (threshold out of
     reach) gives the same queue arrays, dtypes included."""
-    from trainsim.simulator import program as program_module
-
-    monkeypatch.setattr(program_module, "COMPILED_FROM", 10**12)
+    monkeypatch.setattr(task_table, "_THRESHOLD", [10**12])
     want = prog.freeze()
-    monkeypatch.setattr(program_module, "COMPILED_FROM", 0)
+    monkeypatch.setattr(task_table, "_THRESHOLD", [0])
     got = prog.freeze()
     for name in ("member_queue", "member_pos", "queue_ptr", "queue_task", "queue_rank",
                  "queue_stream"):
@@ -122,3 +119,19 @@ def test_queues_of_an_unfolded_lowering_match_numpy(monkeypatch: pytest.MonkeyPa
                               seq_len=256)
     _assert_compiled_queues_match_numpy(lower(model, cluster, plan, LoweringOptions(fold=False)),
                                         monkeypatch)
+
+
+def test_the_numba_oracle_turns_the_compiled_passes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One program stays on numpy below COMPILED_FROM entries; an Oracle on the numba engine
+    (many programs) moves the threshold to COMPILED_FOR_MANY, one on SimPy does not."""
+    from trainsim.api import load_cluster, load_model
+    from trainsim.search.oracle import Oracle
+
+    monkeypatch.setattr(task_table, "_THRESHOLD", [task_table.COMPILED_FROM])
+    model, cluster = load_model("gpt3-125m"), load_cluster("4xV100-SXM2-32GB")
+    assert not task_table.compiled(task_table.COMPILED_FOR_MANY)
+    Oracle(model, cluster, engine="simpy")
+    assert not task_table.compiled(task_table.COMPILED_FOR_MANY)
+    Oracle(model, cluster)
+    assert task_table.compiled(task_table.COMPILED_FOR_MANY)
+    assert not task_table.compiled(task_table.COMPILED_FOR_MANY - 1)

@@ -89,8 +89,9 @@ def test_slot_map_keeps_rows_of_ids() -> None:
 
 
 def test_late_deps_merge_compiled_as_the_stable_sort(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(task_table, "_THRESHOLD", [10**12])
     a = _lowered("dp-tp-pp", False, LoweringCache())
-    monkeypatch.setattr(task_table, "COMPILED_FROM", 0)
+    monkeypatch.setattr(task_table, "_THRESHOLD", [0])
     assert_same_program(_lowered("dp-tp-pp", False, LoweringCache()), a)
 
 
@@ -193,14 +194,10 @@ def test_freezing_compiled_or_with_numpy_gives_the_same_arrays(
         seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled first-appearance codes, queues and repeat checks of a large table give the
     arrays numpy gives a small one (thresholds moved instead of building a million tasks)."""
-    from trainsim.simulator import program as program_module
-
     prog = random_program(seed, 6, 400)
-    monkeypatch.setattr(program_module, "COMPILED_FROM", 10**9)
-    monkeypatch.setattr(task_table, "COMPILED_FROM", 10**9)
+    monkeypatch.setattr(task_table, "_THRESHOLD", [10**9])
     plain = prog.freeze()
-    monkeypatch.setattr(program_module, "COMPILED_FROM", 0)
-    monkeypatch.setattr(task_table, "COMPILED_FROM", 0)
+    monkeypatch.setattr(task_table, "_THRESHOLD", [0])
     _assert_same_frozen(prog.freeze(), plain)
 
 
