@@ -25,9 +25,8 @@ sets the prediction beside the measurement:
 * peak memory — measured: see trace_record.py; predicted: the engine's peak per rank.
 
 Op times are scaled by the machine's speed at the trace relative to the profile: the trace's
-reference-GEMM time (its metadata) over the profile's (`profile_reference_s`: its metadata's,
-or for profiles before 2026-11-27 its own row of that GEMM; validate/profiler.py; 1 when
-either lacks it). On a CPU trace the Adam step is not read from the profile (timed there back
+reference-GEMM time (its metadata) over the profile's (`profile_reference_s`: its own row of
+that GEMM, else its metadata's; validate/profiler.py; 1 when either lacks it). On a CPU trace the Adam step is not read from the profile (timed there back
 to back, its state in cache) but priced by the cold-cache CPU Adam model of
 validate/cpu_microbench.py (bench/cpu_ops.py: a time per parameter tensor plus one per
 parameter), scaled by the trace's reference GEMM over the benchmark's.
@@ -220,12 +219,16 @@ def idle_s(tasks: Any, rank: int) -> float:
 
 
 def profile_reference_s(db: ProfileDB) -> float | None:
-    """The profile's seconds of its reference GEMM: the ``reference_gemm_s`` timed at its ends
-    where it says they were warmed up (``reference_warmup_s``, since 2026-11-27), else its own
-    forward row of that shape (timed mid-profile like every op it holds; older profiles timed
-    the ends' reference cold: validate/profiler.py, reference GEMM), else the ends' figure."""
+    """The profile's seconds of its reference GEMM: its own forward row of that shape, timed
+    like and among the op rows it stands for; else the ``reference_gemm_s`` timed at the
+    profile's ends.
+
+    The ends can see another machine speed than the rows between them: older profiles timed
+    the ends' reference cold (validate/profiler.py, reference GEMM), and a warmed-up profile of
+    2026-11-27 read 2.23 ms at its ends against 1.52 ms in its row, in a recording whose traces
+    it then predicted 31-42 % low (x 0.62-0.74) where the row gives their speed."""
     shape = db.meta.get("reference_gemm")
-    if not db.meta.get("reference_warmup_s") and isinstance(shape, (list, tuple)):
+    if isinstance(shape, (list, tuple)):
         rows = [r.time_s for r in db.ops("matmul", "fwd")
                 if tuple(r.shape) == tuple(shape) and r.time_s > 0]
         if rows:

@@ -68,8 +68,11 @@ trace's figure over the profile's (validate/compare.py) and prints the factor. A
 first GEMMs run slow: in a `sim profile` of 2026-11-27 the start's reference took 2.11 and
 2.08 ms per call (two processes), the end's 1.42 and 1.43 ms, and the profile's own row of
 that GEMM 1.46 ms. So the reference first runs the GEMM for `REFERENCE_WARMUP_S` (the profile
-says so in ``reference_warmup_s``), and `sim validate` takes the profile's side from its row of
-that GEMM for profiles recorded before (validate/compare.py `profile_reference_s`).
+says so in ``reference_warmup_s``). Even warmed up, a profile's ends can see another speed
+than its rows (2.23 ms at the ends against 1.52 ms in the row, in a recording that day), so
+`sim validate` takes the profile's side from its own row of that GEMM, timed among the op rows
+it stands for; a trace's ends bracket its timed iterations (validate/compare.py
+`profile_reference_s`).
 
 ``--device cuda`` (validate/devices.py): NCCL, one GPU per process, timers read after
 ``torch.cuda.synchronize()``; no solo timings (each process has its own GPU).

@@ -98,10 +98,9 @@ def test_machine_speed_factor_scales_the_profiled_op_times(db, traces_dir) -> No
 
 
 def test_profile_side_of_the_speed_factor(db) -> None:
-    """The profile's reference: its ends' figure where it says they were warmed up
-    (``reference_warmup_s``); else, as for profiles before 2026-11-27 whose ends were timed
-    cold, the median of its forward rows of the reference GEMM's shape (timed mid-profile
-    like its other ops); else the ends' figure."""
+    """The profile's reference: the median of its forward rows of the reference GEMM's shape
+    (timed like and among the ops it stands for), whatever its ends' figure says, warmed up or
+    not; without such a row, the ends' figure."""
     import dataclasses
 
     from trainsim.validate.compare import profile_reference_s
@@ -113,11 +112,11 @@ def test_profile_side_of_the_speed_factor(db) -> None:
     assert rows and profile_reference_s(old) == pytest.approx(rows[len(rows) // 2])
     warm = dataclasses.replace(db, meta=dict(old.meta, reference_warmup_s=0.5,
                                              reference_gemm_s=7e-3))
-    assert profile_reference_s(warm) == pytest.approx(7e-3)
+    assert profile_reference_s(warm) == pytest.approx(rows[len(rows) // 2])
     tupled = dataclasses.replace(old, meta=dict(old.meta, reference_gemm=shape))
     assert profile_reference_s(tupled) == profile_reference_s(old)
-    bare = dataclasses.replace(old, rows=tuple(r for r in db.rows if r.shape != shape))
-    assert profile_reference_s(bare) == db.meta["reference_gemm_s"]
+    bare = dataclasses.replace(warm, rows=tuple(r for r in db.rows if r.shape != shape))
+    assert profile_reference_s(bare) == pytest.approx(7e-3)
 
 
 def test_in_model_factor_is_the_whole_model_over_its_ops(db) -> None:
