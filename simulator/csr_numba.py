@@ -39,6 +39,24 @@ def counting_order(keys: np.ndarray, num_keys: int) -> np.ndarray:
 
 
 @njit(cache=True)
+def _sorted_within(bounds: np.ndarray, values: np.ndarray) -> np.ndarray:  # pragma: no cover
+    out = np.empty(len(values), np.int64)
+    for k in range(len(bounds) - 1):
+        lo, hi = bounds[k], bounds[k + 1]
+        if hi > lo:
+            out[lo:hi] = lo + np.argsort(values[lo:hi], kind="mergesort")
+    return out
+
+
+def sorted_within(bounds: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Positions that sort `values` stably within each slice ``bounds[k]:bounds[k+1]``,
+    slices kept in place: on rows already grouped by key in order, what
+    ``np.lexsort((values, keys))`` gives."""
+    return _sorted_within(np.ascontiguousarray(bounds, dtype=np.int64),
+                          np.ascontiguousarray(values))
+
+
+@njit(cache=True)
 def _merge_late(dep_ptr: np.ndarray, dep_idx: np.ndarray, late_owner: np.ndarray,
                 late_dep: np.ndarray, n: int
                 ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover

@@ -35,6 +35,7 @@ import numpy as np
 
 from trainsim.errors import SimulationError
 from trainsim.simulator.program import FrozenProgram, Program
+from trainsim.simulator.task_table import compiled
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -438,14 +439,25 @@ def _rank_records(program: Program, fp: FrozenProgram, rows: _Rows, *, timelines
     # Power events: +power at start, −power at end of powered-stream tasks.
     p_rows = np.flatnonzero(rows.powered)
     # by rank, then task: rows come in task order, so a stable sort by rank is that order
-    p_order = np.argsort(row_rank[p_rows], kind="stable")
+    many = compiled(len(p_rows))
+    if many:  # the same orders by a counting pass and per-rank merge sorts (csr_numba.py)
+        # deferred: start-up time (numba)
+        from trainsim.simulator.csr_numba import counting_order, sorted_within
+
+        p_order = counting_order(row_rank[p_rows], num_ranks)
+    else:
+        p_order = np.argsort(row_rank[p_rows], kind="stable")
     p_rows = p_rows[p_order]
-    p_bounds = np.searchsorted(row_rank[p_rows], np.arange(num_ranks + 1)).tolist()
+    p_bounds_a = np.searchsorted(row_rank[p_rows], np.arange(num_ranks + 1))
+    p_bounds = p_bounds_a.tolist()
     energy_in = row_energy[p_rows]  # a rank's slice is `row_energy[its rows]`, summed alike
     # busy time (`_union_length` per rank): the rows by rank, then start (ties in task order:
     # a stable sort of each rank's rows by start), the reach of each rank's ends, then each
     # row's uncovered part; a rank's busy time is the sum of its slice
-    u_rows = p_rows[np.lexsort((row_start[p_rows], row_rank[p_rows]))]
+    if many:
+        u_rows = p_rows[sorted_within(p_bounds_a, row_start[p_rows])]
+    else:
+        u_rows = p_rows[np.lexsort((row_start[p_rows], row_rank[p_rows]))]
     u_start, u_end = row_start[u_rows], row_end[u_rows]
     reach = np.empty(len(u_end))
     for rank in range(num_ranks):

@@ -135,3 +135,33 @@ def test_the_numba_oracle_turns_the_compiled_passes_on(monkeypatch: pytest.Monke
     Oracle(model, cluster)
     assert task_table.compiled(task_table.COMPILED_FOR_MANY)
     assert not task_table.compiled(task_table.COMPILED_FOR_MANY - 1)
+
+
+def test_sorted_within_is_lexsort_on_rows_grouped_by_key() -> None:
+    """Rows grouped by rank in task order (a stable counting pass), then a stable sort by
+    start within each rank: the order ``np.lexsort((start, rank))`` gives, ties included."""
+    from trainsim.simulator.csr_numba import counting_order, sorted_within
+
+    rng = np.random.default_rng(5)
+    rank = rng.integers(0, 50, 20_000)
+    start = rng.integers(0, 300, 20_000).astype(np.float64)  # many ties
+    by_rank = counting_order(rank, 50)
+    np.testing.assert_array_equal(by_rank, np.argsort(rank, kind="stable"))
+    bounds = np.searchsorted(rank[by_rank], np.arange(51))
+    got = by_rank[sorted_within(bounds, start[by_rank])]
+    np.testing.assert_array_equal(got, np.lexsort((start, rank)))
+
+
+def test_lean_result_is_the_same_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-rank records (busy, energy, memory) of a random program are identical whether
+    the result's orders come from the compiled passes or from numpy's sorts."""
+    from trainsim.simulator.engine_numba import event_times
+    from trainsim.simulator.result import lean_result
+
+    prog = random_program(11, 6, 500)
+    frozen = prog.freeze()
+    start, end = event_times(frozen)
+    monkeypatch.setattr(task_table, "_THRESHOLD", [10**12])
+    want = lean_result(prog, start, end, engine="numba", frozen=frozen).ranks
+    monkeypatch.setattr(task_table, "_THRESHOLD", [0])
+    assert lean_result(prog, start, end, engine="numba", frozen=frozen).ranks == want
