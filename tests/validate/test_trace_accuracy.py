@@ -35,11 +35,13 @@ _MEAN_GAP = ("mean 10.2 % (-6.6, -4.5, -17.2, -12.4): TP2 and T5 as their iterat
              "record.sh at the previous commit the same afternoon gave -4.2, -1.6, -15.1, "
              "-14.9 % (mean 9.0)")
 _KIND_GAPS = {
-    "tiny-gpt-dp2": "comm -21.7 % (12.62 ms measured, 9.88 predicted): the gradient all-reduce "
-                    "timed by the clocked iterations includes waiting for the other rank, whose "
-                    "120 ms of compute ends a few ms apart; every other kind within 13 %",
-    "tiny-t5-dp2": "comm -25.6 % (5.40 ms measured, 4.02 predicted), as DP2's; every other "
-                   "kind within 20 %, matmul +4.5 %",
+    "tiny-gpt-dp2": "comm -21.7 % (12.62 ms measured, 9.88 predicted): the 10.6 MB gradient "
+                    "all-reduce took 12.62 and 12.78 ms on the two ranks in training, against "
+                    "9.52 ms in the profile's all-reduce-after-compute row; every other kind "
+                    "within 13 %",
+    "tiny-t5-dp2": "comm -25.6 % (5.40 ms measured, 4.02 predicted): rank 0 waited for rank 1, "
+                   "whose compute took 23.70 ms against its 22.39 (rank 1's comm: 3.82 ms); "
+                   "every other kind within 20 %",
 }
 
 
