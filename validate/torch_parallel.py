@@ -269,7 +269,8 @@ def run_parallel(model: str, *, dp: int, tp: int, pp: int, micro_batch_size: int
     backend = check_device("sim trace", device, world)
     if device == "cpu":
         check_processes(f"--plan dp={dp},tp={tp},pp={pp}", world)
-    steps = (iterations + warmup) * (num_micro_batches or 1)
+    # the timed and warm-up iterations, the clocked ones and the profiled one
+    steps = (iterations + warmup + BREAKDOWN_ITERATIONS + 1) * (num_micro_batches or 1)
     check_calls("sim trace --iterations/--warmup/--micro-batches", steps, "micro-batch steps")
     check_memory("--model", spec.name, training_memory_bytes(
         spec.parameters(), dp, world, micro_batch_activation_bytes(spec, micro_batch_size)))
