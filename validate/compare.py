@@ -10,8 +10,8 @@ sets the prediction beside the measurement:
   optimizer step; predicted: the stage's compute- and tp-stream task time;
 * per-op-kind time — measured: each stage's first rank's seconds per kind, the median of the
   trace's clocked iterations (validate/op_clock.py; traces before 2026-11-27 afternoon: the
-  profiled iteration's op spans); predicted: the cost model over the stage's sharded ops × micro-batches (forward + backward),
-  with the optimizer step; ``comm`` — measured: the rank's time in torch.distributed calls
+  profiled iteration's op spans); predicted: the cost model over the stage's sharded ops ×
+  micro-batches (forward + backward), with the optimizer step; ``comm`` — measured: the rank's time in torch.distributed calls
   outside any op (gloo/c10d, waits for the peer included) and the tensor-parallel autograd
   nodes (``tp_comm``, folded in); predicted: the same thing on the simulated timeline — the
   time the stage's first rank does not compute between the iteration's start and its last task
