@@ -280,6 +280,10 @@ def issue_day(streams: list[tuple[str, tuple[str, str, int, float | None], list[
     out = json.loads(run.stdout.strip().splitlines()[-1])
     if not out["trainsim"].startswith(tmp):
         raise SystemExit(f"issue-day baseline imported {out['trainsim']}, not the export")
+    for r in out["streams"]:
+        if r["errors"]:
+            print(f"  [issue-day baseline: {r['name']}: {r['errors']} of {r['plans']} plans "
+                  f"failed on {commit}; left out]")
     return {r["name"]: r["cpu_s"] for r in out["streams"] if not r["errors"]}
 
 

@@ -283,8 +283,9 @@ def _repeats(ptr: np.ndarray, values: np.ndarray, owner: np.ndarray, n: int) -> 
 
 COMPILED_FROM = 200_000
 """Entries (deps, members, links) from which the compiled CSR kernels of csr_numba.py replace
-numpy: `_repeats` here, the queues of `FrozenProgram.from_program` and the engine's reversed
-dependencies. They pay off on unfolded programs of hundreds of thousands of tasks; below this
+numpy: `_repeats` and the late-dep merge here, the code tables and queues of
+`FrozenProgram.from_program`, the engine's reversed dependencies and the result's per-rank
+orders (result.py). They pay off on unfolded programs of hundreds of thousands of tasks; below this
 numpy is quick enough for one program, and a small run (the Quickstart's 7,172 tasks) then does
 not compile them on a machine's first run (about a second of numba compilation,
 bench/engine.py cold)."""
@@ -303,7 +304,9 @@ def compiled(entries: int) -> bool:
 
 def use_compiled_kernels() -> None:
     """From now on, in this process, run the compiled CSR kernels from `COMPILED_FOR_MANY`
-    entries on (their results are numpy's; tests/simulator/test_csr_numba.py)."""
+    entries on (their results are numpy's; tests/simulator/test_csr_numba.py). Process-wide
+    and not undone: after an Oracle, a single `simulate` compiles them too (once per machine;
+    numba caches them on disk)."""
     _THRESHOLD[0] = COMPILED_FOR_MANY
 
 

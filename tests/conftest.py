@@ -207,3 +207,13 @@ def render_dom(tmp_path: Path) -> Callable[[Path, int], tuple[str, list[str]]]:
         return done.stdout, [ln for ln in console if "Uncaught" in ln or "Error" in ln]
 
     return render
+
+
+@pytest.fixture(autouse=True)
+def _numpy_passes_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with the one-program threshold of the compiled CSR passes: an Oracle
+    built by an earlier test lowers it for the rest of the process (task_table
+    `use_compiled_kernels`), which would leave the numpy paths untested in any later test."""
+    from trainsim.simulator import task_table
+
+    monkeypatch.setattr(task_table, "_THRESHOLD", [task_table.COMPILED_FROM])

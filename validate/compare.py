@@ -11,25 +11,26 @@ sets the prediction beside the measurement:
 * per-op-kind time — measured: each stage's first rank's seconds per kind, the median of the
   trace's clocked iterations (validate/op_clock.py; traces before 2026-11-27 afternoon: the
   profiled iteration's op spans); predicted: the cost model over the stage's sharded ops ×
-  micro-batches (forward + backward), with the optimizer step; ``comm`` — measured: the rank's time in torch.distributed calls
-  outside any op (gloo/c10d, waits for the peer included) and the tensor-parallel autograd
-  nodes (``tp_comm``, folded in); predicted: the same thing on the simulated timeline — the
-  time the stage's first rank does not compute between the iteration's start and its last task
-  (`idle_s`: the communication tasks on its critical path and its waits for other ranks:
-  pipeline bubbles, a peer's late gradient). ``optimizer`` — measured: the step's median over
-  the timed iterations (``optimizer_s``); the profiled iteration's span carries the profiler's
-  cost of every one of the ~10 eager ops per parameter tensor (e.g. 9.3 ms against 5.7 ms in
-  the DP2 trace, 5.2 against 2.2 ms in T5). A kind the
-  simulator does not model (``other``: framework time outside any op) has no prediction:
-  predicted and error are None ("n/a"), never a fake −100 %;
+  micro-batches (forward + backward), with the optimizer step; ``comm`` — measured: the rank's
+  time in torch.distributed calls outside any op (gloo/c10d, waits for the peer included) and
+  the tensor-parallel autograd nodes (``tp_comm``, folded in); predicted: the same thing on the
+  simulated timeline — the time the stage's first rank does not compute between the iteration's
+  start and its last task (`idle_s`: the communication tasks on its critical path and its waits
+  for other ranks: pipeline bubbles, a peer's late gradient). ``optimizer`` — measured: the
+  step's median over the timed iterations (``optimizer_s``); the profiled iteration's span
+  carries the profiler's cost of every one of the ~10 eager ops per parameter tensor (e.g. 9.3
+  ms against 5.7 ms in the DP2 trace, 5.2 against 2.2 ms in T5). A kind the simulator does not
+  model (``other``: framework time outside any op) has no prediction: predicted and error are
+  None ("n/a"), never a fake −100 %;
 * peak memory — measured: see trace_record.py; predicted: the engine's peak per rank.
 
 Op times are scaled by the machine's speed at the trace relative to the profile: the trace's
 reference-GEMM time (its metadata) over the profile's (`profile_reference_s`: its own row of
-that GEMM, else its metadata's; validate/profiler.py; 1 when either lacks it). On a CPU trace the Adam step is not read from the profile (timed there back
-to back, its state in cache) but priced by the cold-cache CPU Adam model of
-validate/cpu_microbench.py (bench/cpu_ops.py: a time per parameter tensor plus one per
-parameter), scaled by the trace's reference GEMM over the benchmark's.
+that GEMM, else its metadata's; validate/profiler.py; 1 when either lacks it). On a CPU trace
+the Adam step is not read from the profile (timed there back to back, its state in cache) but
+priced by the cold-cache CPU Adam model of validate/cpu_microbench.py (bench/cpu_ops.py: a time
+per parameter tensor plus one per parameter), scaled by the trace's reference GEMM over the
+benchmark's.
 
 The op times are also brought to the model run whole. With a profile that timed the ops
 inside the whole model (``fwd_in_model`` / ``bwd_in_model`` rows), each kind's forwards and
@@ -106,8 +107,9 @@ class Comparison:
     speed_factor: float = 1.0
     """Trace's reference-GEMM time / profile's: the factor applied to the profiled op times."""
     in_model: tuple[float, float] = (1.0, 1.0)
-    """`in_model_factor` (all processes at once, solo): the model's ops run whole over one by
-    one, applied to the profiled op times with `speed_factor`."""
+    """The factor on every op time (all processes at once, solo), with `speed_factor`: with
+    in-model rows, `in_model_scales`' glue factor (on top of `fwd_scale` / `bwd_scale`); without,
+    `in_model_factor` (the model's ops run whole over one by one)."""
     fwd_scale: dict[str, float] = field(default_factory=dict, hash=False)
     """`in_model_scales`: per op kind, the factor on its profiled forwards (empty: none)."""
     bwd_scale: dict[str, float] = field(default_factory=dict, hash=False)
@@ -254,8 +256,8 @@ def in_model_scales(db: ProfileDB, spec: Any, micro_batch: int, *, solo: bool
     every op by the last factor. All are measured on the whole unsplit model and applied to
     every stage of every plan, so the traces check them out of sample."""
     row = db.whole_model(spec.name)
-    fwd_in = db.in_model(spec.name, "fwd_in_model")
-    bwd_in = db.in_model(spec.name, "bwd_in_model")
+    fwd_in = db.in_model(spec.name, "fwd_in_model", micro_batch)
+    bwd_in = db.in_model(spec.name, "bwd_in_model", micro_batch)
     if row is None or row.shape != (micro_batch,) or not fwd_in or not bwd_in:
         return None
     solo = solo and row.solo_s > 0
@@ -267,12 +269,18 @@ def in_model_scales(db: ProfileDB, spec: Any, micro_batch: int, *, solo: bool
         out.pop("optimizer", None)
         return out
 
-    def back(full: dict[str, float], fwd: dict[str, float]) -> dict[str, float]:
-        return {k: full[k] - fwd.get(k, 0.0) for k in full}
-
-    fwd_hot = sums(ProfiledCostModel(db, no_backward=True), False)
-    bwd_hot = back(sums(ProfiledCostModel(db), True),
-                   sums(ProfiledCostModel(db, no_backward=True), True))
+    # the back-to-back forwards and backwards, each from its own rows (the cost model's
+    # `forward_s`: never a backward mistaken for a forward)
+    plain = ProfiledCostModel(db)
+    fwd_hot: dict[str, float] = {}
+    for layer in layers:
+        for op in layer.sharded_ops(1):
+            t = plain.forward_s(op.kind, op.fwd_flops, op.fwd_bytes, op.shape)
+            fwd_hot[op.kind] = fwd_hot.get(op.kind, 0.0) + t
+    fwd_folded: dict[str, float] = {}
+    for k, v in fwd_hot.items():
+        fwd_folded[KIND_ALIASES.get(k, k)] = fwd_folded.get(KIND_ALIASES.get(k, k), 0.0) + v
+    bwd_hot = {k: v - fwd_folded.get(k, 0.0) for k, v in sums(plain, True).items()}
     fwd_scale = {k: fwd_in[k] / v for k, v in fwd_hot.items() if v > 0 and fwd_in.get(k, 0) > 0}
     bwd_scale = {k: bwd_in[k] / v for k, v in bwd_hot.items() if v > 0 and bwd_in.get(k, 0) > 0}
     scaled = sum(sums(ProfiledCostModel(db, solo=solo, fwd_scale=fwd_scale,
@@ -420,7 +428,6 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         peak_memory_predicted_bytes=float(result.peak_memory_bytes),
         cost_sources=dict(cost.sources), speed_factor=factor,
         in_model=(in_model[0], in_model[1]), fwd_scale=fwd_scale, bwd_scale=bwd_scale,
-
         overlap=overlap, result=result)
 
 
@@ -456,7 +463,11 @@ def format_report(c: Comparison) -> str:
         for name, scales in (("forwards", c.fwd_scale), ("backwards", c.bwd_scale)):
             lines.append(f"inside the model (profile), {name} x " + ", ".join(
                 f"{k} {v:.2f}" for k, v in sorted(scales.items())))
-    if c.in_model != (1.0, 1.0):
+    if c.in_model != (1.0, 1.0) and c.fwd_scale:
+        lines.append(f"glue between ops: profiled op times x {c.in_model[0]:.3f} (solo x "
+                     f"{c.in_model[1]:.3f}): the whole model's micro-batch over its ops so "
+                     f"scaled (profile; iteration only, not the kinds)")
+    elif c.in_model != (1.0, 1.0):
         lines.append(f"in-model factor: profiled op times x {c.in_model[0]:.3f} (solo x "
                      f"{c.in_model[1]:.3f}): the whole model's micro-batch over its ops one by "
                      f"one (profile)")

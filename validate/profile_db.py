@@ -74,7 +74,8 @@ class ProfileRow:
     kind: str
     shape: tuple[int, ...] = ()
     pass_: str = "fwd"
-    """``fwd``, ``bwd``, ``step``, ``fwdbwd`` or ``comm`` (``pass`` in the file)."""
+    """``fwd``, ``bwd``, ``step``, ``fwdbwd``, ``comm``, ``fwd_in_model`` or ``bwd_in_model``
+    (``pass`` in the file)."""
     group_size: int = 1
     size_bytes: float = 0.0
     flops: float = 0.0
@@ -115,13 +116,14 @@ class ProfileDB:
         rows = [r for r in self.rows if r.pass_ == "fwdbwd" and r.kind == WHOLE_MODEL + name]
         return rows[0] if rows else None
 
-    def in_model(self, name: str, pass_: str) -> dict[str, float]:
-        """Per op kind, the seconds one micro-batch's forward (`pass_` ``fwd_in_model``) or
-        backward (``bwd_in_model``) of model `name` spent in that kind, timed inside the whole
-        model (empty without such rows)."""
+    def in_model(self, name: str, pass_: str, micro_batch: int) -> dict[str, float]:
+        """Per op kind, the seconds one micro-batch (of `micro_batch` samples) spent in that
+        kind's forwards (`pass_` ``fwd_in_model``) or backwards (``bwd_in_model``) of model
+        `name`, timed inside the whole model (empty without such rows)."""
         prefix = f"{WHOLE_MODEL}{name}:"
         return {r.kind[len(prefix):]: r.time_s for r in self.rows
-                if r.pass_ == pass_ and r.kind.startswith(prefix)}
+                if r.pass_ == pass_ and r.kind.startswith(prefix)
+                and r.shape == (micro_batch,)}
 
     def op_rows(self) -> list[ProfileRow]:
         """Rows that time one op (not a collective, not a whole model)."""

@@ -102,14 +102,14 @@ class ProfiledCostModel:
 
     def __init__(self, db: ProfileDB, *, solo: bool = False, scale: float = 1.0,
                  op_scale: float = 1.0, fwd_scale: Mapping[str, float] | None = None,
-                 bwd_scale: Mapping[str, float] | None = None, no_backward: bool = False,
+                 bwd_scale: Mapping[str, float] | None = None,
                  optimizer: Callable[[float], float] | None = None) -> None:
         """Index the database by (kind, shape, pass) and build per-kind curves; `solo` reads
         the rows' solo timings where measured (module docstring, 6); `scale` multiplies every
         answer (7) but `optimizer`'s (4), which brings its own machine speed; `op_scale`
         multiplies the ops' answers only, not the Adam step's (8); `fwd_scale` and `bwd_scale`
         (per op kind; backwards by the attention core's folded kind) multiply the measured
-        forwards and backwards (9); `no_backward` answers 0 for every backward."""
+        forwards and backwards (9)."""
         self.db = db
         self.optimizer = optimizer
         self.solo = solo
@@ -117,7 +117,6 @@ class ProfiledCostModel:
         self.op_scale = float(op_scale)
         self.fwd_scale = dict(fwd_scale or {})
         self.bwd_scale = dict(bwd_scale or {})
-        self.no_backward = no_backward
         self.figures = derive_figures(db)
         self._exact: dict[tuple[str, tuple[int, ...], str], list[ProfileRow]] = {}
         self._curves: dict[tuple[str, str], _Curve] = {}
@@ -160,9 +159,23 @@ class ProfiledCostModel:
         return curve(flops)
 
     def _bwd_factor(self, kind: str) -> float:
-        if self.no_backward:
-            return 0.0
         return self.bwd_scale.get(KIND_ALIASES.get(kind, kind), 1.0)
+
+    def forward_s(self, kind: str, flops: float, bytes_moved: float,
+                  shape: tuple[int, ...] | None = None) -> float:
+        """The measured forward of an op, from its forward rows only (no scale): what
+        `in_model_scales` divides an op's time inside the model by."""
+        if kind in ("matmul", "batched_matmul"):
+            t = self._lookup(kind, "fwd", flops, shape)
+        else:
+            t = self._lookup(kind, "fwd", flops, shape, bytes_moved)
+        return t if t is not None else self._roofline(flops, bytes_moved)
+
+    def _roofline(self, flops: float, bytes_moved: float) -> float:
+        self.sources["roofline"] += 1
+        fig = self.figures
+        return (max(flops / fig.peak_flops, bytes_moved / fig.memory_bandwidth_bytes_per_s)
+                + fig.op_overhead_s)
 
     def _pass_of(self, kind: str, flops: float, shape: tuple[int, ...] | None,
                  bytes_moved: float | None = None) -> str:
@@ -213,11 +226,7 @@ class ProfiledCostModel:
                 t *= self.fwd_scale.get(kind, 1.0) if pass_ == "fwd" else self._bwd_factor(kind)
         if t is not None:
             return self.op_scale * t
-        self.sources["roofline"] += 1
-        fig = self.figures
-        return self.op_scale * (max(flops / fig.peak_flops,
-                                    bytes_moved / fig.memory_bandwidth_bytes_per_s)
-                                + fig.op_overhead_s)
+        return self.op_scale * self._roofline(flops, bytes_moved)
 
     def estimate(self, kind: str, flops: float, bytes_moved: float, gpu: Any,
                  freq_mhz: float | None = None, dtype: str = "fp16",

@@ -36,15 +36,18 @@ caches its other layers have evicted. On the CI machine kind on 2026-11-27, alon
 (validate/compare.py, in-model factor).
 
 **Ops inside the model** (``model:<name>:<kind>`` rows, passes ``fwd_in_model`` and
-``bwd_in_model``): the whole model run again micro-batch by micro-batch with a clock read
-around each op's forward and each autograd node of its backward (validate/op_clock.py, no
-profiler; backward nodes by the kind their name maps to, the attention core's two as one). Inside a model an op often finds its data out
-of cache: its input was written ops ago, another process shares the last-level cache, and the
-first ops follow the optimizer step. On the CI machine kind (2026-11-27, one process,
-tiny-gpt) a layer norm forward took 28 µs back to back and 67 µs inside the model, softmax
-133 / 232 µs, a residual add 11 / 30 µs, the embedding 32 / 250 µs, GEMMs and GELU within a
-few per cent. `sim validate` scales each kind's forwards by its own in-model ratio
-(validate/compare.py `in_model_scales`).
+``bwd_in_model``): the whole model run again micro-batch by micro-batch with a clock read around
+each op's forward and each autograd node of its backward (validate/op_clock.py, no profiler;
+backward nodes by the kind their name maps to, the attention core's two as one). Inside a model
+an op often finds its data out of cache: its input was written ops ago, another process shares
+the last-level cache, and the first ops follow the optimizer step. On the CI machine kind
+(2026-11-27, one process, tiny-gpt) a layer norm forward took 28 µs back to back and 67 µs
+inside the model, softmax 133 / 232 µs, a residual add 11 / 30 µs, the embedding 32 / 250 µs,
+GEMMs and GELU within a few per cent. `sim validate` scales each kind's forwards and backwards
+by their own in-model ratios (validate/compare.py `in_model_scales`). A node's kind is its name's
+(validate/trace_import.py), so a backward the zoo counts in one op can land in another kind
+(the softmax's scale-and-mask add, the embedding's position add: both elementwise), the same
+way in the profile and in the traces. On CPU only: on a GPU the clocks would read launches.
 
 **All-reduces as training issues them** (``all_reduce_after_compute`` rows, 2+ processes on
 CPU): each process runs `FILLER_CALLS` GEMMs (`FILLER_GEMM`) then the all-reduce, in a loop,
@@ -435,7 +438,8 @@ def _whole_models(tm: Any, cfg: dict[str, Any], rank: int, dist: Any) -> list[di
                      "flops": 0.0, "bytes_moved": 0.0, "repeats": repeats,
                      "solo_s": statistics.median(st) if st else None, **_stats(times)})
         per_kind: dict[tuple[str, str], list[float]] = {}
-        for _ in range(IN_MODEL_CALLS_PER_REPEAT * repeats):
+        # CPU only: on a GPU the clocks would read kernel launches (op_clock.py)
+        for _ in range(IN_MODEL_CALLS_PER_REPEAT * repeats if dev.type == "cpu" else 0):
             clock = OpClock()
             dist.barrier()
             op_clock.start(clock)

@@ -167,30 +167,39 @@ def test_in_model_factor_is_the_whole_model_over_its_ops(db) -> None:
 
 def test_in_model_scales_are_each_kinds_time_inside_the_model_over_back_to_back(db) -> None:
     """`in_model_scales`: each kind's forwards (and backwards, by folded kind) timed inside the
-    whole model over the same ops' back-to-back times, then one factor for what the whole
-    micro-batch leaves; None without in-model rows or at another micro-batch size."""
+    whole model over the same ops' back-to-back rows, then one factor for what the whole
+    micro-batch leaves; None without in-model rows or at another micro-batch size. The
+    back-to-back sums are read here straight from the profile's rows."""
     import dataclasses
 
-    from trainsim.validate.compare import in_model_scales, predicted_kind_s
+    from trainsim.validate.compare import in_model_scales
     from trainsim.validate.profile_db import ProfileRow
-    from trainsim.validate.profiled_cost import ProfiledCostModel
     from trainsim.validate.small_models import get_validation_model
+    from trainsim.validate.trace_import import KIND_ALIASES
     from trainsim.workloads.model import build_graph
 
     spec = get_validation_model("tiny-gpt")
-    layers = list(build_graph(spec, 2).layers)
     plain = dataclasses.replace(db, rows=tuple(
         r for r in db.rows if not r.pass_.endswith("_in_model") and r.pass_ != "fwdbwd"))
 
-    def kinds(cost: ProfiledCostModel, fold: bool) -> dict[str, float]:
-        out = predicted_kind_s(cost, layers, 1, 1, 0.0, fold=fold)
-        out.pop("optimizer")
-        return out
+    def row_s(kind: str, shape: tuple[int, ...], pass_: str, flops: float,
+              bytes_moved: float | None) -> float:
+        hits = [r.time_s for r in plain.ops(kind, pass_) if r.shape == tuple(shape)
+                and r.flops == pytest.approx(flops)
+                and (bytes_moved is None or r.bytes_moved == pytest.approx(bytes_moved))]
+        assert len(hits) == 1, (kind, shape, pass_)
+        return hits[0]
 
-    fwd = kinds(ProfiledCostModel(plain, no_backward=True), False)
-    full = kinds(ProfiledCostModel(plain), True)
-    fwd_folded = kinds(ProfiledCostModel(plain, no_backward=True), True)
-    bwd = {k: full[k] - fwd_folded.get(k, 0.0) for k in full}
+    fwd: dict[str, float] = {}
+    bwd: dict[str, float] = {}
+    for layer in build_graph(spec, 2).layers:
+        for op in layer.sharded_ops(1):
+            gemm = op.kind == "matmul"
+            f = row_s(op.kind, op.shape, "fwd", op.fwd_flops, None if gemm else op.fwd_bytes)
+            b = row_s(op.kind, op.shape, "bwd", op.bwd_flops, None if gemm else op.bwd_bytes)
+            fwd[op.kind] = fwd.get(op.kind, 0.0) + f
+            k = KIND_ALIASES.get(op.kind, op.kind)
+            bwd[k] = bwd.get(k, 0.0) + b
     fwd_x = {k: (2.0 if k == "layernorm" else 1.0) for k in fwd}
     bwd_x = {k: (3.0 if k == "layernorm" else 1.0) for k in bwd}
     inside = sum(fwd_x[k] * v for k, v in fwd.items()) + sum(bwd_x[k] * v for k, v in bwd.items())

@@ -53,8 +53,10 @@ def test_profile_has_solo_timings_after_compute_rows_and_a_reference(e2e_run):
     ops = db.op_rows() + [db.whole_model("micro-gpt")]
     assert ops and all(r is not None and r.solo_s > 0 for r in ops)
     # the ops inside the whole model, forwards and backwards, by clocks (op_clock.py)
-    assert {"matmul", "layernorm"} <= set(db.in_model("micro-gpt", "fwd_in_model"))
-    assert {"matmul", "layernorm"} <= set(db.in_model("micro-gpt", "bwd_in_model"))
+    b = db.meta["micro_batch_size"]
+    assert {"matmul", "layernorm"} <= set(db.in_model("micro-gpt", "fwd_in_model", b))
+    assert {"matmul", "layernorm"} <= set(db.in_model("micro-gpt", "bwd_in_model", b))
+    assert not db.in_model("micro-gpt", "fwd_in_model", b + 1)
     assert any(r.kind == "all_reduce_after_compute" for r in db.collectives())
     assert db.meta["reference_gemm_s"] > 0
     trace = MeasuredTrace.load(e2e_run / "dp2.json")
