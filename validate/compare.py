@@ -241,27 +241,26 @@ def profile_reference_s(db: ProfileDB) -> float | None:
     return float(profiled)
 
 
-def in_model_scales(db: ProfileDB, spec: Any, micro_batch: int, *, solo: bool
-                    ) -> tuple[dict[str, float], dict[str, float], float] | None:
-    """(per op kind the factor on its forwards, per kind the factor on its backwards, one
-    factor on every op) that bring the model's ops, timed back to back, to the model run
-    whole; None where the profile lacks `spec`'s in-model rows at this micro-batch size (then
-    `in_model_factor`).
+def in_model_scales(db: ProfileDB, spec: Any, micro_batch: int
+                    ) -> tuple[dict[str, float], dict[str, float], tuple[float, float]] | None:
+    """(per op kind the factor on its forwards, per kind the factor on its backwards, the
+    factor on every op all processes at once and solo) that bring the model's ops, timed back
+    to back, to the model run whole; None where the profile lacks `spec`'s in-model rows at
+    this micro-batch size (then `in_model_factor`).
 
     A kind's factors are its forwards and backwards timed inside the whole model (clocks,
     validate/profiler.py, ops inside the model) over the same ops timed back to back: small
     memory-bound ops lose far more to caches inside a model than GEMMs do, which one factor on
-    every op cannot say. What the whole micro-batch (its ``model:`` row; `solo`: timed alone)
-    takes beyond the kinds so scaled (glue: views, copies, the autograd walk) is spread over
-    every op by the last factor. All are measured on the whole unsplit model and applied to
-    every stage of every plan, so the traces check them out of sample."""
+    every op cannot say. What the whole micro-batch (its ``model:`` row, timed all at once and
+    alone; a row without a solo time gives the all-at-once figure for both) takes beyond the
+    kinds so scaled (glue: views, copies, the autograd walk) is spread over every op by the
+    last factor. All are measured on the whole unsplit model and applied to every stage of
+    every plan, so the traces check them out of sample."""
     row = db.whole_model(spec.name)
     fwd_in = db.in_model(spec.name, "fwd_in_model", micro_batch)
     bwd_in = db.in_model(spec.name, "bwd_in_model", micro_batch)
     if row is None or row.shape != (micro_batch,) or not fwd_in or not bwd_in:
         return None
-    solo = solo and row.solo_s > 0
-    whole = row.solo_s if solo else row.time_s
     layers = list(build_graph(spec, micro_batch).layers)
 
     def sums(cost: ProfiledCostModel, fold: bool) -> dict[str, float]:
@@ -273,21 +272,24 @@ def in_model_scales(db: ProfileDB, spec: Any, micro_batch: int, *, solo: bool
     # `forward_s`: never a backward mistaken for a forward)
     plain = ProfiledCostModel(db)
     fwd_hot: dict[str, float] = {}
+    fwd_folded: dict[str, float] = {}
     for layer in layers:
         for op in layer.sharded_ops(1):
             t = plain.forward_s(op.kind, op.fwd_flops, op.fwd_bytes, op.shape)
             fwd_hot[op.kind] = fwd_hot.get(op.kind, 0.0) + t
-    fwd_folded: dict[str, float] = {}
-    for k, v in fwd_hot.items():
-        fwd_folded[KIND_ALIASES.get(k, k)] = fwd_folded.get(KIND_ALIASES.get(k, k), 0.0) + v
+            folded = KIND_ALIASES.get(op.kind, op.kind)
+            fwd_folded[folded] = fwd_folded.get(folded, 0.0) + t
     bwd_hot = {k: v - fwd_folded.get(k, 0.0) for k, v in sums(plain, True).items()}
     fwd_scale = {k: fwd_in[k] / v for k, v in fwd_hot.items() if v > 0 and fwd_in.get(k, 0) > 0}
     bwd_scale = {k: bwd_in[k] / v for k, v in bwd_hot.items() if v > 0 and bwd_in.get(k, 0) > 0}
-    scaled = sum(sums(ProfiledCostModel(db, solo=solo, fwd_scale=fwd_scale,
-                                        bwd_scale=bwd_scale), False).values())
-    if scaled <= 0:
-        return None
-    return fwd_scale, bwd_scale, whole / scaled
+    glue = []
+    for solo in (False, row.solo_s > 0):
+        scaled = sum(sums(ProfiledCostModel(db, solo=solo, fwd_scale=fwd_scale,
+                                            bwd_scale=bwd_scale), False).values())
+        if scaled <= 0:
+            return None
+        glue.append((row.solo_s if solo else row.time_s) / scaled)
+    return fwd_scale, bwd_scale, (glue[0], glue[1])
 
 
 def in_model_factor(db: ProfileDB, spec: Any, micro_batch: int, *, solo: bool) -> float:
@@ -362,11 +364,16 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
     layers = _stage_layers(graph, p["pp"], counts)
     adam = adam_step(trace, layers, p["tp"])
     mb = p["micro_batch_size"]
-    inside = (in_model_scales(db, spec, mb, solo=False), in_model_scales(db, spec, mb, solo=True))
-    in_model = tuple(in_model_factor(db, spec, mb, solo=bool(i)) if x is None else x[2]
-                     for i, x in enumerate(inside))
-    fwd_scale = inside[0][0] if inside[0] is not None else {}
-    bwd_scale = inside[0][1] if inside[0] is not None else {}
+    inside = in_model_scales(db, spec, mb)
+    fwd_scale: dict[str, float] = {}
+    bwd_scale: dict[str, float] = {}
+    if inside is None:
+        in_model = (in_model_factor(db, spec, mb, solo=False),
+                    in_model_factor(db, spec, mb, solo=True))
+        glue = (1.0, 1.0)  # one factor on every op: the kinds carry it
+    else:  # the last factor is the glue between ops, which no kind's clock in a trace holds
+        fwd_scale, bwd_scale, in_model = inside
+        glue = in_model
     cost = ProfiledCostModel(db, scale=factor, op_scale=in_model[0], fwd_scale=fwd_scale,
                              bwd_scale=bwd_scale, optimizer=adam)
     program = lower(spec, cluster, plan, LoweringOptions(cost_model=cost))
@@ -398,11 +405,7 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         alone = pair if solo_cost is None or overlap is None else predicted_kind_s(
             solo_cost, layers[s], p["tp"], p["num_micro_batches"], params)
         phi = 1.0 if overlap is None else overlap[s]
-        # with in-model scales the last factor is the glue between ops, which the traces'
-        # clocks do not put in any kind: the kinds are compared without it (iteration with it)
-        glue = (in_model[0] if inside[0] is not None else 1.0,
-                in_model[1] if inside[1] is not None else 1.0)
-        for k, v in pair.items():
+        for k, v in pair.items():  # the kinds without the glue (the iteration with it)
             a = alone[k] / (1.0 if k == "optimizer" else glue[1])
             v = v / (1.0 if k == "optimizer" else glue[0])
             kinds_pred[k] = kinds_pred.get(k, 0.0) + a + phi * (v - a)
@@ -427,7 +430,7 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         peak_memory_measured_bytes=trace.peak_memory_bytes,
         peak_memory_predicted_bytes=float(result.peak_memory_bytes),
         cost_sources=dict(cost.sources), speed_factor=factor,
-        in_model=(in_model[0], in_model[1]), fwd_scale=fwd_scale, bwd_scale=bwd_scale,
+        in_model=in_model, fwd_scale=fwd_scale, bwd_scale=bwd_scale,
         overlap=overlap, result=result)
 
 

@@ -87,20 +87,27 @@ class OpClock:
                          backward=True)
         return post
 
-    def finish(self) -> dict[str, float]:
-        """Remove the hooks; the seconds per kind."""
+    def finish(self) -> None:
+        """Remove the hooks (they hold the graph's nodes)."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        return self.kind_s
 
 
 _CLOCK: list[OpClock | None] = [None]
 
 
-def start(clock: OpClock | None) -> None:
-    """Time ops, nodes and communication on `clock` from now on (None: stop)."""
+@contextlib.contextmanager
+def running() -> Iterator[OpClock]:
+    """A fresh `OpClock` timing ops, nodes and communication inside the block; on leaving it
+    stops and its backward hooks are removed (`OpClock.finish`)."""
+    clock = OpClock()
     _CLOCK[0] = clock
+    try:
+        yield clock
+    finally:
+        _CLOCK[0] = None
+        clock.finish()
 
 
 def current() -> OpClock | None:

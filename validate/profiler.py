@@ -104,7 +104,6 @@ from trainsim.validate.devices import (
     synchronize,
     worker_device,
 )
-from trainsim.validate.op_clock import OpClock
 from trainsim.validate.profile_db import WHOLE_MODEL, ProfileDB, ProfileRow
 from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.worker_limits import (
@@ -429,8 +428,12 @@ def _whole_models(tm: Any, cfg: dict[str, Any], rank: int, dist: Any) -> list[di
 
         def step(model: Any = model, data: dict[str, Any] = data, s: int = spec.seq_len) -> None:
             model.zero_grad(set_to_none=True)
-            model(data["ids"], b, s, None, targets=data["targets"],
-                  dec_ids=data.get("dec_ids")).backward()
+            out = model(data["ids"], b, s, None, targets=data["targets"],
+                        dec_ids=data.get("dec_ids"))
+            clock = op_clock.current()
+            if clock is not None:  # the in-model rows below: time the backward's nodes too
+                clock.hook_backward(out)
+            out.backward()
 
         times = _time(step, warmup, repeats, dist.barrier, agree, sync)
         st = _solo(step, rank, warmup, repeats, dist, sync) if cfg["solo"] else []
@@ -440,19 +443,10 @@ def _whole_models(tm: Any, cfg: dict[str, Any], rank: int, dist: Any) -> list[di
         per_kind: dict[tuple[str, str], list[float]] = {}
         # CPU only: on a GPU the clocks would read kernel launches (op_clock.py)
         for _ in range(IN_MODEL_CALLS_PER_REPEAT * repeats if dev.type == "cpu" else 0):
-            clock = OpClock()
             dist.barrier()
-            op_clock.start(clock)
-            try:
-                model.zero_grad(set_to_none=True)
-                out = model(data["ids"], b, spec.seq_len, None, targets=data["targets"],
-                            dec_ids=data.get("dec_ids"))
-                clock.hook_backward(out)
-                out.backward()
+            with op_clock.running() as clock:
+                step()
                 sync()
-            finally:
-                clock.finish()
-                op_clock.start(None)
             for pass_, kinds in (("fwd_in_model", clock.fwd_s), ("bwd_in_model", clock.bwd_s)):
                 for k, v in kinds.items():
                     per_kind.setdefault((pass_, k), []).append(v)

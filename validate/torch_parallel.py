@@ -43,7 +43,6 @@ from trainsim.validate.devices import (
     synchronize,
     worker_device,
 )
-from trainsim.validate.op_clock import OpClock
 from trainsim.validate.profiler import max_over_ranks, reference_gemm_s
 from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.worker_limits import (
@@ -206,13 +205,9 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
         breakdown: list[dict[str, float]] = []  # per-kind seconds by clocks (op_clock.py)
         for _ in range(BREAKDOWN_ITERATIONS if dev.type == "cpu" else 0):
             dist.barrier()
-            clocked = OpClock()
-            op_clock.start(clocked)
-            try:
+            with op_clock.running() as clocked:
                 iteration(None)
-            finally:
-                op_clock.start(None)
-            breakdown.append(clocked.finish())
+            breakdown.append(clocked.kind_s)
         # one profiled iteration, after the others (straight after the reference GEMM it ran
         # 40 % slower: the caches held the GEMM's data): per-op events and CPU memory
         from torch.profiler import ProfilerActivity, profile

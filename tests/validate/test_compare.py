@@ -211,12 +211,13 @@ def test_in_model_scales_are_each_kinds_time_inside_the_model_over_back_to_back(
     rows += [row(f"model:tiny-gpt:{k}", "fwd_in_model", fwd_x[k] * v) for k, v in fwd.items()]
     rows += [row(f"model:tiny-gpt:{k}", "bwd_in_model", bwd_x[k] * v) for k, v in bwd.items()]
     with_rows = dataclasses.replace(plain, rows=plain.rows + tuple(rows))
-    got = in_model_scales(with_rows, spec, 2, solo=False)
+    got = in_model_scales(with_rows, spec, 2)
     assert got is not None
     assert got[0] == pytest.approx(fwd_x) and got[1] == pytest.approx(bwd_x)
-    assert got[2] == pytest.approx(1.1)
-    assert in_model_scales(with_rows, spec, 4, solo=False) is None
-    assert in_model_scales(plain, spec, 2, solo=False) is None
+    assert got[2][0] == pytest.approx(1.1)  # no solo time in the row: the same figure solo
+    assert got[2][1] == pytest.approx(1.1)
+    assert in_model_scales(with_rows, spec, 4) is None
+    assert in_model_scales(plain, spec, 2) is None
     # the in-model rows are no ops
     assert with_rows.kinds() == plain.kinds()
 

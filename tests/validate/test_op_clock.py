@@ -14,13 +14,9 @@ from trainsim.validate.small_models import get_validation_model
 
 
 def _clocked(fn) -> dict[str, float]:
-    clock = OpClock()
-    op_clock.start(clock)
-    try:
+    with op_clock.running() as clock:
         fn(clock)
-    finally:
-        op_clock.start(None)
-    return clock.finish()
+    return clock.kind_s
 
 
 class _FakeClock:
