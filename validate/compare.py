@@ -52,17 +52,18 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainsim.errors import PlanError, TraceError, UnknownNameError
 from trainsim.simulator.engines import run_program
 from trainsim.validate.contention import blend
 from trainsim.validate.cpu_hardware import cpu_cluster
-from trainsim.validate.cpu_microbench import adam_cpu_cost, param_tensors
+from trainsim.validate.cpu_microbench import adam_cpu_cost, copy_s, param_tensors
 from trainsim.validate.profile_db import ProfileDB
 from trainsim.validate.profiled_cost import ProfiledCostModel
 from trainsim.validate.small_models import get_validation_model
+from trainsim.validate.torch_parallel import GRAD_COPY_TRAFFIC
 from trainsim.validate.trace_import import KIND_ALIASES
 from trainsim.validate.trace_record import MeasuredTrace
 from trainsim.workloads.lowering import LoweringOptions, lower
@@ -189,9 +190,7 @@ def adam_step(trace: MeasuredTrace, layers: list[list[Any]], tp: int
     if trace.machine.get("device") != "cpu":
         return None
     model = adam_cpu_cost()
-    ref = trace.machine.get("reference_gemm_s")
-    speed = float(ref) / model.reference_gemm_s if isinstance(ref, (int, float)) \
-        and not isinstance(ref, bool) and ref > 0 and model.reference_gemm_s > 0 else 1.0
+    speed = _bench_speed(trace, model.reference_gemm_s)
     stages = [(sum(op.params for layer in ls for op in layer.sharded_ops(tp)),
                param_tensors(ls, tp)) for ls in layers]
 
@@ -200,6 +199,31 @@ def adam_step(trace: MeasuredTrace, layers: list[list[Any]], tp: int
         return model.step_s(params, tensors, speed)
 
     return step_s
+
+
+def _bench_speed(trace: MeasuredTrace, bench_reference_s: float) -> float:
+    """The trace's machine speed over the microbenchmarks' (validate/data/cpu_ops.json): its
+    reference GEMM's seconds over theirs; 1 where either is missing."""
+    ref = trace.machine.get("reference_gemm_s")
+    if isinstance(ref, bool) or not isinstance(ref, (int, float)) or ref <= 0 \
+            or bench_reference_s <= 0:
+        return 1.0
+    return float(ref) / bench_reference_s
+
+
+def grad_copy(trace: MeasuredTrace) -> tuple[float, Callable[[float], float] | None]:
+    """(`ModelSpec.grad_copy_traffic`, bytes → seconds) of the gradient copies around the
+    trace's data-parallel all-reduce: the harness's (validate/torch_parallel.py
+    `GRAD_COPY_TRAFFIC`) for a trace `sim trace` recorded, priced on the CPU by the measured
+    copy bandwidth at the trace's machine speed (a GPU's by the profile's fallback, None);
+    (0, None) for a trace recorded elsewhere (an imported Kineto trace: its stack's copies are
+    unknown)."""
+    if not str(trace.machine.get("command", "")).startswith("sim trace"):
+        return 0.0, None
+    if trace.machine.get("device") != "cpu":
+        return GRAD_COPY_TRAFFIC, None
+    speed = _bench_speed(trace, adam_cpu_cost().reference_gemm_s)
+    return GRAD_COPY_TRAFFIC, lambda moved: copy_s(moved, speed)
 
 
 def idle_s(tasks: Any, rank: int) -> float:
@@ -348,6 +372,8 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         spec = get_validation_model(trace.model)
     except UnknownNameError as exc:
         raise TraceError(f"trace model: {exc}") from None
+    traffic, copy = grad_copy(trace)
+    spec = replace(spec, grad_copy_traffic=traffic)
     p = trace.plan
     world = p["dp"] * p["tp"] * p["pp"]
     cluster = cpu_cluster(db, world)
@@ -375,14 +401,14 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         fwd_scale, bwd_scale, in_model = inside
         glue = in_model
     cost = ProfiledCostModel(db, scale=factor, op_scale=in_model[0], fwd_scale=fwd_scale,
-                             bwd_scale=bwd_scale, optimizer=adam)
+                             bwd_scale=bwd_scale, optimizer=adam, copy=copy)
     program = lower(spec, cluster, plan, LoweringOptions(cost_model=cost))
     solo_cost = None
     overlap: tuple[float, ...] | None = None
     if db.has_solo() and world > 1:
         solo_cost = ProfiledCostModel(db, solo=True, scale=factor, op_scale=in_model[1],
                                       fwd_scale=fwd_scale, bwd_scale=bwd_scale,
-                                      optimizer=adam)
+                                      optimizer=adam, copy=copy)
         solo_program = lower(spec, cluster, plan, LoweringOptions(cost_model=solo_cost))
         mixed = blend(program, solo_program, engine=engine)
         result, overlap = mixed.result, mixed.overlap
@@ -395,7 +421,9 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
     for s in range(p["pp"]):
         first = [r for r in trace.ranks if r.get("stage") == s]
         first.sort(key=lambda r: (r.get("replica", 0), r.get("tp_index", 0)))
-        rows = tasks[(tasks["rank"] == s) & tasks["stream"].isin(["compute", "tp"])]
+        # the gradient copies run outside the passes, as the measured busy time does not
+        rows = tasks[(tasks["rank"] == s) & tasks["stream"].isin(["compute", "tp"])
+                     & (tasks["kind"] != "grad_copy")]
         busy_pred = float(rows["duration_s"].sum())
         busy_meas = float(first[0].get("compute_s", 0.0)) if first else 0.0
         stages.append({"stage": s, "busy_measured_s": busy_meas, "busy_predicted_s": busy_pred,

@@ -9,6 +9,9 @@ bench/gloo_collectives.py), read from validate/data.
   profile database's optimizer rows time the step back to back (state in cache), which is why
   they are not used for the step any more (traces/README.md: 5.2 ms profiled against 9.3 ms in
   the DP2 run's profiled iteration, 5.7 ms in its timed ones).
+* **Copies.** ``copy_bytes_per_s``: a 64 MiB ``copy_`` (read and written bytes over its median
+  time, both processes at once): what the harness's gradient flattening around an all-reduce
+  streams (validate/torch_parallel.py `GRAD_COPY_TRAFFIC`), priced by `copy_s`.
 * **gloo over loopback.** α (per step) and β per collective kind, fitted by
   bench/gloo_collectives.py; `gloo_alpha_beta` gives the all-reduce-after-compute fit, the
   cpu cluster's link model when a profile has no collective rows.
@@ -80,6 +83,20 @@ def adam_cpu_cost() -> AdamCpuCost:
     return AdamCpuCost(per_tensor_s=_positive(data, "adam_cold", "per_tensor_s"),
                        per_param_s=_positive(data, "adam_cold", "per_param_s"),
                        reference_gemm_s=_positive(data, "reference_gemm_s"))
+
+
+def copy_s(moved_bytes: float, speed: float = 1.0) -> float:
+    """Seconds of a memory copy moving `moved_bytes` (read and written) at the measured copy
+    bandwidth of validate/data/cpu_ops.json, times `speed` (a reference-GEMM ratio: >1 on a
+    slower machine).
+
+    Raises:
+        DataFileError: the file is missing or the bandwidth is not a number > 0.
+    """
+    bandwidth = _positive(_load(CPU_OPS_FILE), "copy_bytes_per_s")
+    if bandwidth <= 0:
+        raise DataFileError(f"validate/{CPU_OPS_FILE}: copy_bytes_per_s must be > 0")
+    return speed * moved_bytes / bandwidth
 
 
 def gloo_alpha_beta(kind: str = "all_reduce_after_compute") -> tuple[float, float]:

@@ -35,12 +35,17 @@ takes it as `LoweringOptions(cost_model=...)`. For an op (kind, FLOPs, bytes, sh
    `sim validate` passes a model's whole forward and backward over the sum of its ops
    (validate/compare.py `in_model_factor`).
 
-9. **Inside the model.** ``fwd_scale`` and ``bwd_scale`` multiply each kind's measured
+9. **Gradient copies.** The lowering costs the copies around a data-parallel reduction as a
+   ``copy`` op of the bytes they move (`ModelSpec.grad_copy_traffic`). With a ``copy``
+   function (bytes → seconds; `sim validate` passes the CPU copy bandwidth of
+   validate/cpu_microbench.py) that answers; else the fallback (5) does.
+
+10. **Inside the model.** ``fwd_scale`` and ``bwd_scale`` multiply each kind's measured
    forwards and backwards: `sim validate` passes each kind's time inside the whole model over
    the same ops timed back to back (validate/compare.py `in_model_scales`).
 
 `sources` counts how each estimate was made (``exact``, ``interpolated``, ``roofline``,
-``cpu_adam``: the `optimizer` function).
+``cpu_adam``: the `optimizer` function, ``cpu_copy``: the `copy` function).
 """
 
 from __future__ import annotations
@@ -103,15 +108,17 @@ class ProfiledCostModel:
     def __init__(self, db: ProfileDB, *, solo: bool = False, scale: float = 1.0,
                  op_scale: float = 1.0, fwd_scale: Mapping[str, float] | None = None,
                  bwd_scale: Mapping[str, float] | None = None,
-                 optimizer: Callable[[float], float] | None = None) -> None:
+                 optimizer: Callable[[float], float] | None = None,
+                 copy: Callable[[float], float] | None = None) -> None:
         """Index the database by (kind, shape, pass) and build per-kind curves; `solo` reads
         the rows' solo timings where measured (module docstring, 6); `scale` multiplies every
-        answer (7) but `optimizer`'s (4), which brings its own machine speed; `op_scale`
-        multiplies the ops' answers only, not the Adam step's (8); `fwd_scale` and `bwd_scale`
-        (per op kind; backwards by the attention core's folded kind) multiply the measured
-        forwards and backwards (9)."""
+        answer (7) but `optimizer`'s (4) and `copy`'s (9), which bring their own machine speed;
+        `op_scale` multiplies the ops' answers only, not the Adam step's (8); `fwd_scale` and
+        `bwd_scale` (per op kind; backwards by the attention core's folded kind) multiply the
+        measured forwards and backwards (10)."""
         self.db = db
         self.optimizer = optimizer
+        self.copy = copy
         self.solo = solo
         self.scale = float(scale)
         self.op_scale = float(op_scale)
@@ -197,6 +204,9 @@ class ProfiledCostModel:
         if kind == "elementwise" and shape is None and self.optimizer is not None:
             self.sources["cpu_adam"] += 1
             return self.optimizer(flops / ADAM_STEP_FLOPS_PER_PARAM)
+        if kind == "copy" and self.copy is not None:
+            self.sources["cpu_copy"] += 1
+            return self.copy(bytes_moved)
         return self.scale * self._unscaled_s(kind, flops, bytes_moved, shape)
 
     def _unscaled_s(self, kind: str, flops: float, bytes_moved: float,

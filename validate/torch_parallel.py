@@ -57,6 +57,11 @@ BREAKDOWN_ITERATIONS = 5
 """Iterations run with an `OpClock` after the timed ones on CPU; the trace keeps each kind's
 median over them (validate/op_clock.py). On a GPU the clocks would read kernel launches, so
 the breakdown comes from the profiled iteration's synchronized op ranges."""
+GRAD_COPY_TRAFFIC = 6.0
+"""Bytes read and written per gradient byte around a data-parallel all-reduce here (the
+iteration below): ``torch.cat`` of the gradients into one buffer (read, write: 2) before it,
+``div_`` of the buffer (2) and its ``copy_`` back into the gradients (2) after it; what
+`sim validate` sets as `ModelSpec.grad_copy_traffic` for a trace of this harness."""
 WORKER_THREADS = 1
 """Intra-op threads per worker (one core per process on the 2-core CI machine)."""
 

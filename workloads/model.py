@@ -109,6 +109,14 @@ class ModelSpec:
     compute stream after each all-gather (the flat gathered buffer split into the parameters'
     own tensors: 2, read once and written once; a framework profile sets it). 0: the stack's
     parameters view the gathered buffer (FSDP1, DeepSpeed ZeRO-3), or no copy is modelled."""
+    grad_copy_traffic: float = 0.0
+    """Bytes read and written per gradient byte by the copies a stack runs around the
+    data-parallel gradient reduction: the gradients copied into a reduction buffer before it
+    (the first 2: read once, written once) and the reduced result scaled and copied back after
+    it (the rest), on the compute stream. PyTorch DDP does so unless
+    ``gradient_as_bucket_view=True``; the CPU validation harness flattens its gradients into
+    one buffer (validate/torch_parallel.py, 6). 0: the gradients live in the buffer
+    (Megatron's contiguous gradient buffer, DDP with bucket views), or no copy is modelled."""
     fp8_recipe: str = "dynamic"
     """How FP8 linear layers cast (`FP8_RECIPES`, `Op.fp8_recipe`): "dynamic" (torchao) or
     "delayed" (Transformer Engine); a framework profile sets it."""
@@ -163,6 +171,8 @@ class ModelSpec:
             raise bad("loss_workspace_bytes", "must be in [0, 64) bytes per logit")
         if not 0 <= self.fsdp_copy_out_traffic < 64:
             raise bad("fsdp_copy_out_traffic", "must be in [0, 64) bytes per gathered byte")
+        if not 0 <= self.grad_copy_traffic < 64:
+            raise bad("grad_copy_traffic", "must be in [0, 64) bytes per gradient byte")
         if self.fp8_recipe not in FP8_RECIPES:
             raise bad("fp8_recipe", f"is not one of {', '.join(FP8_RECIPES)}")
         if any(not 1 <= k <= 64 for _, k in self.unfused_traffic):

@@ -1,5 +1,5 @@
-"""The CPU cost physics `sim validate` uses beside the profile: the Adam step from
-bench/cpu_ops.py, gloo's α-β from bench/gloo_collectives.py, and the measured optimizer figure.
+"""The CPU cost physics `sim validate` uses beside the profile: the Adam step and the copy
+bandwidth (the harness's gradient flattening) from bench/cpu_ops.py, gloo's α-β from bench/gloo_collectives.py, and the measured optimizer figure.
 
 Runs the simulator on the committed traces only (no torch workers); the parameter-tensor count
 is checked against the torch validation model itself (torch is imported, nothing is timed).
@@ -12,18 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from trainsim.validate.compare import _stage_layers, compare
+from trainsim.validate.compare import _stage_layers, compare, grad_copy
 from trainsim.validate.cpu_hardware import fit_alpha_beta
 from trainsim.validate.cpu_microbench import (
     CPU_OPS_FILE,
     GLOO_FILE,
     AdamCpuCost,
     adam_cpu_cost,
+    copy_s,
     gloo_alpha_beta,
     param_tensors,
 )
 from trainsim.validate.profile_db import ProfileDB
 from trainsim.validate.small_models import get_validation_model
+from trainsim.validate.torch_parallel import GRAD_COPY_TRAFFIC
 from trainsim.validate.trace_record import MeasuredTrace
 from trainsim.workloads.model import build_graph
 
@@ -110,3 +112,36 @@ def test_profile_without_collectives_gets_the_gloo_benchmark_fit(traces_dir: Pat
     alpha, beta = gloo_alpha_beta("all_reduce_after_compute")
     assert fit_alpha_beta(ops_only) == (alpha, beta)
     assert beta > 0 and alpha >= 0
+
+
+def test_harness_gradient_copies_are_priced_at_the_copy_bandwidth(traces_dir: Path) -> None:
+    """A DP trace of `sim trace` gets the harness's gradient copies (6 bytes per gradient byte:
+    cat before the all-reduce, div_ and copy_ after), priced by the measured copy bandwidth at
+    the trace's machine speed; they lengthen the predicted iteration but not the stage's busy
+    time (the harness times them outside the passes)."""
+    trace = MeasuredTrace.load(traces_dir / "tiny-gpt-dp2.json")
+    traffic, price = grad_copy(trace)
+    assert traffic == GRAD_COPY_TRAFFIC == 6.0 and price is not None
+    data = json.loads((DATA / CPU_OPS_FILE).read_text())
+    speed = trace.machine["reference_gemm_s"] / data["reference_gemm_s"]
+    assert price(1e6) == pytest.approx(speed * 1e6 / data["copy_bytes_per_s"])
+    assert copy_s(1e6, 2.0) == pytest.approx(2.0 * copy_s(1e6))
+    c = compare(trace, ProfileDB.load(traces_dir / "profile.csv"))
+    copies = c.result.tasks.query("kind == 'grad_copy' and rank == 0")
+    grad_bytes = 4.0 * 2661376  # fp32 gradients of the stage's parameters
+    assert sorted(copies["duration_s"]) == pytest.approx(
+        sorted([price(2.0 * grad_bytes), price(4.0 * grad_bytes)]), rel=1e-9)
+    busy = c.result.tasks.query("rank == 0 and stream == 'compute' and kind != 'grad_copy'")
+    assert c.stages[0]["busy_predicted_s"] == pytest.approx(float(busy["duration_s"].sum()))
+
+
+def test_gradient_copies_only_for_traces_this_harness_recorded(traces_dir: Path) -> None:
+    trace = MeasuredTrace.load(traces_dir / "tiny-gpt-dp2.json")
+    imported = MeasuredTrace(model=trace.model, plan=trace.plan,
+                             iteration_times_s=trace.iteration_times_s, ranks=trace.ranks,
+                             machine={**trace.machine, "command": "imported Kineto trace"})
+    assert grad_copy(imported) == (0.0, None)
+    gpu = MeasuredTrace(model=trace.model, plan=trace.plan,
+                        iteration_times_s=trace.iteration_times_s, ranks=trace.ranks,
+                        machine={**trace.machine, "device": "cuda"})
+    assert grad_copy(gpu) == (GRAD_COPY_TRAFFIC, None)

@@ -135,19 +135,45 @@ class GradientSync:
         kind_code, stream = b.kind(kind), b.stream("dp")
         meta = (-1, k, -1, -1)
         fold = self.layout.fold
+        traffic = self.layout.model.grad_copy_traffic
         for bucket in range(n):
-            name = b.name_template(f"s{k}.dp" + ("" if n == 1 else f".b{bucket}"))
+            suffix = "" if n == 1 else f".b{bucket}"
+            name = b.name_template(f"s{k}.dp{suffix}")
             for copies, params in self.grad_groups(phys, c):
                 grad_bytes = params * per_param
                 groups = ([(self.layout.stage_prog_ranks(phys), copies)] if fold
                           else [(g, [g]) for g in copies])
                 for prog, cps in groups:
+                    ready = [per_bucket[bucket][r] for r in prog]
+                    if traffic > 0:  # the gradients copied into the reduction buffer first
+                        ready = self._copies(prog, f"s{k}.dp{suffix}.copy_in", ready,
+                                             min(traffic, 2.0) * grad_bytes / n, meta)
                     ids = self.comm.tasks([(kind, grad_bytes / n)], name=name, arg=-1,
                                           kind=kind_code, stream=stream, prog_ranks=prog,
-                                          copies=cps,
-                                          deps=[per_bucket[bucket][r] for r in prog], meta=meta)
-                    for r in prog:
-                        self.dp_tail[r].extend(ids[-1:])
+                                          copies=cps, deps=ready, meta=meta)
+                    tail = [ids[-1:] for _ in prog]
+                    if traffic > 2.0:  # ... and the reduced result scaled and copied back
+                        tail = [[t] for t in self._copies(
+                            prog, f"s{k}.dp{suffix}.copy_out",
+                            [ids[-1] if ids else ready[i] for i in range(len(prog))],
+                            (traffic - 2.0) * grad_bytes / n, meta)]
+                    for r, last in zip(prog, tail):
+                        self.dp_tail[r].extend(last)
+
+    def _copies(self, prog: tuple[int, ...], name: str, after: list[int], moved: float,
+                meta: Meta) -> list[int]:
+        """One memory-bound copy of `moved` bytes (read and written) on each of `prog`'s compute
+        streams, each after its task in `after` (`ModelSpec.grad_copy_traffic`); their ids."""
+        b, layout = self.b, self.layout
+        name_code, kind = b.name_template(name), b.kind("grad_copy")
+        out = []
+        for r, dep in zip(prog, after):
+            gpu = layout.cluster.gpu(layout.represents[r][0])
+            est = layout.cost_model.estimate("copy", 0.0, moved, gpu, None, self.plan.dtype,
+                                             None)
+            out.append(b.add(name_code, -1, kind, self.compute_stream, (r,), est.time_s, 0.0,
+                             (), (dep,), 0.0, 0.0, est.power_w, gpu.sm_clock_max_mhz, *meta))
+        return out
 
     def grad_groups(self, phys: int, c: InstructionCosts
                     ) -> list[tuple[list[tuple[int, ...]], float]]:

@@ -223,53 +223,76 @@ __all__ = ["Bank", "Tape", "flush", "record", "replay"]
 
 class Bank:
     """Every tape of one lowering as numpy columns, to stamp out a run of replays at once
-    (stamp.py); grown when tapes are added (`grow`: only the new tapes are converted)."""
+    (stamp.py); grown when tapes are added (`grow`: only the new tapes are converted and
+    appended, so a lowering that adds tapes stage by stage does not re-join the old ones)."""
 
     def __init__(self, tapes: list[Tape]) -> None:
-        self._pieces: list[dict[str, Any]] = []
         self.size = 0
+        self.rows = np.zeros(0, np.int64)
+        self.row_off = np.zeros(0, np.int64)
+        self.cols: dict[str, np.ndarray] = {c: np.array([]) for c in _CONST}
+        self.free = np.zeros(0)
+        self.free_flag = np.zeros(0, bool)
+        self.free_unit = np.zeros(0, np.int64)
+        """The unit of each row that frees its micro-batch's held memory (-1: none)."""
+        self.ptr = {c: np.zeros(0, np.int64) for c in ("member_rank", "link_idx")}
+        self.dep_ptr = np.zeros(0, np.int64)
+        self.dep_inside = np.zeros(0, bool)
+        self.dep_value = np.zeros(0, np.int64)
+        self.done_row = np.zeros(0, np.int64)
+        self.inputs = np.zeros(0, np.int64)
+        """Inputs of each tape on its one unit (-1: several units)."""
+        self._total = {c: 0 for c in ("rows", "member_count", "link_count", "dep_count")}
         self.grow(tapes)
 
     def grow(self, tapes: list[Tape]) -> Bank:
         """Take in `tapes[self.size:]` (the tapes added since); returns itself."""
-        for t in tapes[self.size:]:
-            piece: dict[str, Any] = {c: t.values[i] for i, c in enumerate(_CONST)}
-            piece = {c: np.array(v) for c, v in piece.items()}
-            piece["free"] = np.array(t.free, np.float64)
-            piece["free_rows"] = t.free_rows
-            piece["dep_inside"] = np.array([i for i, _ in t.deps], bool)
-            piece["dep_value"] = np.array([v for _, v in t.deps], np.int64)
-            self._pieces.append(piece)
+        new = tapes[self.size:]
         self.size = len(tapes)
-        pieces = self._pieces
-        rows = np.array([t.rows for t in tapes], np.int64)
-        self.rows = rows
-        self.row_off = np.concatenate(([0], np.cumsum(rows)[:-1])).astype(np.int64)
-        self.cols = {c: _joined([p[c] for p in pieces]) for c in _CONST}
-        self.free = np.concatenate([p["free"] for p in pieces] or [np.zeros(0)])
-        flag = np.zeros(int(rows.sum()), bool)
-        unit = np.full(int(rows.sum()), -1, np.int64)
-        for p, off in zip(pieces, self.row_off.tolist()):
-            for row, u in p["free_rows"]:
+        if not new:
+            return self
+        pieces = [{c: np.array(t.values[i]) for i, c in enumerate(_CONST)} for t in new]
+        rows = np.array([t.rows for t in new], np.int64)
+        first = self._total["rows"]
+        self.rows = np.concatenate((self.rows, rows))
+        self.row_off = np.concatenate((self.row_off, first + _starts(rows)))
+        cols = {c: _joined([self.cols[c]] + [p[c] for p in pieces]) for c in _CONST}
+        for c, n in (("member_rank", "member_count"), ("link_idx", "link_count")):
+            counts = cols[n][len(self.cols[n]):]
+            self.ptr[c] = np.concatenate((self.ptr[c], self._total[n] + _starts(counts)))
+            self._total[n] += int(counts.sum())
+        counts = cols["dep_count"][len(self.cols["dep_count"]):]
+        self.dep_ptr = np.concatenate((self.dep_ptr, self._total["dep_count"] + _starts(counts)))
+        self._total["dep_count"] += int(counts.sum())
+        self.cols = cols
+        added = int(rows.sum())
+        flag = np.zeros(added, bool)
+        unit = np.full(added, -1, np.int64)
+        for t, off in zip(new, _starts(rows).tolist()):
+            for row, u in t.free_rows:
                 flag[off + row] = True
                 unit[off + row] = u
-        self.free_flag = flag
-        self.free_unit = unit
-        """The unit of each row that frees its micro-batch's held memory (-1: none)."""
-        self.ptr = {c: np.concatenate(([0], np.cumsum(self.cols[n])[:-1])).astype(np.int64)
-                    for c, n in (("member_rank", "member_count"), ("link_idx", "link_count"))}
-        self.dep_ptr = np.concatenate(([0], np.cumsum(self.cols["dep_count"])[:-1])).astype(
-            np.int64)
-        self.dep_inside = np.concatenate([p["dep_inside"] for p in pieces]
-                                         or [np.zeros(0, bool)])
-        self.dep_value = np.concatenate([p["dep_value"] for p in pieces]
-                                        or [np.zeros(0, np.int64)])
-        self.done_row = np.array([t.done[0][1][0] if len(t.done) == 1 and t.done[0][0] == 0
-                                  and len(t.done[0][1]) == 1 else -1 for t in tapes], np.int64)
-        self.inputs = np.array([t.input_shape[0] if len(t.input_shape) == 1 else -1
-                                for t in tapes], np.int64)
-        """Inputs of each tape on its one unit (-1: several units)."""
+        self._total["rows"] += added
+        self.free = np.concatenate([self.free] + [np.array(t.free, np.float64) for t in new])
+        self.free_flag = np.concatenate((self.free_flag, flag))
+        self.free_unit = np.concatenate((self.free_unit, unit))
+        self.dep_inside = np.concatenate(
+            [self.dep_inside] + [np.array([i for i, _ in t.deps], bool) for t in new])
+        self.dep_value = np.concatenate(
+            [self.dep_value] + [np.array([v for _, v in t.deps], np.int64) for t in new])
+        self.done_row = np.concatenate((self.done_row, np.array(
+            [t.done[0][1][0] if len(t.done) == 1 and t.done[0][0] == 0
+             and len(t.done[0][1]) == 1 else -1 for t in new], np.int64)))
+        self.inputs = np.concatenate((self.inputs, np.array(
+            [t.input_shape[0] if len(t.input_shape) == 1 else -1 for t in new], np.int64)))
         return self
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each of `counts`' runs starts, laid end to end from 0."""
+    out = np.zeros(len(counts), np.int64)
+    np.cumsum(counts[:-1], out=out[1:])
+    return out
 
 
 def _joined(pieces: list[np.ndarray]) -> np.ndarray:
