@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainsim.validate.devices import free_port
+from trainsim.validate.devices import cpu_binding, free_port, pin_worker, worker_cores
 
 
 def run_two_ranks(worker: Callable[..., None], *args: Any) -> list[dict[str, Any]]:
@@ -23,8 +23,16 @@ def run_two_ranks(worker: Callable[..., None], *args: Any) -> list[dict[str, Any
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(free_port(), *args, tmp), nprocs=2)
+        mp.spawn(_bound, args=(worker, worker_cores("cpu", 2), free_port(), *args, tmp),
+                 nprocs=2)
         return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _bound(rank: int, worker: Callable[..., None], cores: list[int] | None, *args: Any) -> None:
+    """`worker(rank, *args)` on its own core, as `sim profile` and `sim trace` run theirs
+    (validate/devices.py `worker_cores`)."""
+    pin_worker(cores, rank)
+    worker(rank, *args)
 
 
 def reference_gemm_s(dist: Any) -> float:
@@ -47,7 +55,8 @@ def provenance(script: str, load_before: float) -> dict[str, Any]:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": {"cpu": platform.processor() or platform.machine(),
                         "logical_cores": os.cpu_count(), "load_average_before": load_before,
-                        "load_average_after": os.getloadavg()[0]}}
+                        "load_average_after": os.getloadavg()[0],
+                        "cpu_binding": cpu_binding(worker_cores("cpu", 2))}}
 
 
 __all__ = ["provenance", "reference_gemm_s", "run_two_ranks"]

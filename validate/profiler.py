@@ -98,10 +98,13 @@ from trainsim.errors import TraceError
 from trainsim.validate import op_clock
 from trainsim.validate.devices import (
     check_device,
+    cpu_binding,
     device_metadata,
     free_port,
+    pin_worker,
     prepare_workers,
     synchronize,
+    worker_cores,
     worker_device,
 )
 from trainsim.validate.profile_db import WHOLE_MODEL, ProfileDB, ProfileRow
@@ -320,6 +323,7 @@ def _profile_worker(rank: int, cfg: dict[str, Any]) -> None:
 
     from trainsim.validate import torch_model as tm  # deferred: start-up time (torch)
 
+    pin_worker(cfg["cores"], rank)
     torch.set_num_threads(cfg["threads"])
     world = cfg["processes"]
     dev = worker_device(cfg["device"], rank)
@@ -618,12 +622,13 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
         all_tps |= set(tps)
     solo = device == "cpu" and processes > 1
     load_before = _load_average()
+    cores = worker_cores(device, processes, threads)
     with tempfile.TemporaryDirectory(prefix="trainsim-profile-") as tmp:
         cfg = {"ops": list(seen.values()), "stage_plans": stage_plans, "processes": processes,
                "threads": threads, "warmup": warmup, "repeats": repeats, "extra_sizes": extra,
                "out_dir": tmp, "port": free_port(), "device": device, "backend": backend,
                "micro_batch_size": micro_batch_size,
-               "solo": solo}
+               "solo": solo, "cores": cores}
         prepare_workers(device)
         try:
             mp.spawn(_profile_worker, args=(cfg,), nprocs=processes, join=True)
@@ -652,6 +657,7 @@ def run_profile(model: str = "tiny-gpt", *, micro_batch_size: int = 2, processes
                  "micro_batch_size": micro_batch_size, "warmup": warmup,
                  "repeats": repeats, "tensor_parallel_degrees": sorted(all_tps),
                  "solo_timings": solo, "load_average_before": load_before,
+                 "cpu_binding": cpu_binding(cores),
                  "reference_gemm": list(FILLER_GEMM),
                  "reference_gemm_s": statistics.median(reference),
                  "reference_warmup_s": REFERENCE_WARMUP_S,

@@ -39,8 +39,10 @@ from trainsim.validate import op_clock
 from trainsim.validate.devices import (
     check_device,
     free_port,
+    pin_worker,
     prepare_workers,
     synchronize,
+    worker_cores,
     worker_device,
 )
 from trainsim.validate.profiler import max_over_ranks, reference_gemm_s
@@ -95,6 +97,7 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
 
     from trainsim.validate import torch_model as tm  # deferred: start-up time (torch)
 
+    pin_worker(cfg["cores"], rank)
     torch.set_num_threads(WORKER_THREADS)
     dp, tp, pp = cfg["dp"], cfg["tp"], cfg["pp"]
     world = dp * tp * pp
@@ -237,6 +240,7 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                   "param_bytes": tm.tensor_bytes(iter(params)),
                   "state_bytes": state_bytes, "kineto": trace_path.name,
                   "device_peak_bytes": cuda_peak, "reference_gemm_s": reference,
+                  "cpu_core": cfg["cores"][rank] if cfg["cores"] else None,
                   "breakdown": breakdown}
         Path(cfg["out_dir"], f"rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
@@ -277,7 +281,7 @@ def run_parallel(model: str, *, dp: int, tp: int, pp: int, micro_batch_size: int
     cfg = {"model": model, "dp": dp, "tp": tp, "pp": pp, "micro_batch_size": micro_batch_size,
            "num_micro_batches": num_micro_batches, "iterations": iterations, "warmup": warmup,
            "out_dir": str(out_dir), "seed": seed, "port": free_port(), "device": device,
-           "backend": backend}
+           "backend": backend, "cores": worker_cores(device, world, WORKER_THREADS)}
     import torch.multiprocessing as mp
 
     prepare_workers(device)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.errors import TraceError
+from trainsim.validate.devices import cpu_binding
 from trainsim.validate.profiler import FILLER_GEMM, machine_metadata
 from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.torch_parallel import WORKER_THREADS, rank_layout, run_parallel
@@ -338,6 +339,10 @@ def record_trace(model: str, plan: dict[str, int], *, iterations: int = 10, warm
                     "reference_gemm_s": statistics.median(
                         t for rec in recs for t in rec["reference_gemm_s"]),
                     "load_average_before": load_before, "load_average_after": _load_average(),
+                    "cpu_binding": cpu_binding(
+                        [rec["cpu_core"] for rec in recs]
+                        if recs and all(rec.get("cpu_core") is not None for rec in recs)
+                        else None),
                     "warmup": warmup, "iterations": iterations, "command": command,
                     "breakdown": "median of clocked iterations (validate/op_clock.py)"
                                  if any(rec.get("breakdown") for rec in recs) else

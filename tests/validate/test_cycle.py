@@ -75,6 +75,10 @@ def test_trace_records_iterations_events_and_memory(e2e_run):
     assert {e["kind"] for e in trace.events} >= {"matmul", "layernorm"}
     # the per-kind breakdown is read by clocks in the extra iterations, not by the profiler
     assert trace.machine["breakdown"].startswith("median of clocked iterations")
+    # each rank ran on a core of its own where the machine has one per rank
+    from trainsim.validate.devices import cpu_binding, worker_cores
+
+    assert trace.machine["cpu_binding"] == cpu_binding(worker_cores("cpu", 2))
     for r in trace.ranks:
         assert {"matmul", "layernorm", "comm", "optimizer"} <= set(r["kind_s"])
 

@@ -122,3 +122,42 @@ def test_cpu_workers_get_the_caching_malloc_settings(monkeypatch) -> None:
     assert os.environ["MALLOC_MMAP_THRESHOLD_"] == str(2**30)
     assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "12345"
     assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+def test_cpu_workers_get_a_core_each_where_there_are_enough(monkeypatch) -> None:
+    """One-thread cpu workers are bound rank r to the r-th allowed CPU; cuda, several threads
+    a worker or more workers than CPUs leave them to the OS; the metadata says which."""
+    import os
+
+    from trainsim.validate import devices
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 2, 9}, raising=False)
+    assert devices.worker_cores("cpu", 2) == [2, 5]
+    assert devices.worker_cores("cpu", 3) == [2, 5, 9]
+    assert devices.worker_cores("cpu", 4) is None
+    assert devices.worker_cores("cpu", 2, threads=2) is None
+    assert devices.worker_cores("cuda", 2) is None
+    assert devices.cpu_binding([2, 5]) == "one core per worker (rank r on CPU 2, 5 in order)"
+    assert devices.cpu_binding(None).startswith("none")
+    bound: list[set[int]] = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: bound.append(set(cpus)),
+                        raising=False)
+    devices.pin_worker([2, 5], 1)
+    devices.pin_worker(None, 0)
+    assert bound == [{5}]
+
+
+@pytest.mark.slow  # imports torch (about 1.5 s on first use)
+def test_trace_and_profile_workers_are_given_their_cores(fake_gpus, tmp_path) -> None:
+    """`sim trace` and `sim profile` on cpu hand their workers `worker_cores`' answer."""
+    from trainsim.validate.devices import worker_cores
+    from trainsim.validate.profiler import run_profile
+    from trainsim.validate.torch_parallel import run_parallel
+
+    with pytest.raises(_Spawned) as got:
+        run_parallel("micro-gpt", dp=2, tp=1, pp=1, micro_batch_size=1, num_micro_batches=1,
+                     iterations=1, warmup=0, out_dir=tmp_path, device="cpu")
+    assert got.value.args[0]["cores"] == worker_cores("cpu", 2)
+    with pytest.raises(_Spawned) as got:
+        run_profile("micro-gpt", device="cpu", processes=2)
+    assert got.value.args[0]["cores"] == worker_cores("cpu", 2)

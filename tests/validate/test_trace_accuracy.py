@@ -23,21 +23,13 @@ MEAN_ITERATION_BAR = 0.07
 KIND_SHARE = 0.05
 KIND_BAR = 0.20
 
-_ITERATION_GAPS = {
-    "tiny-gpt-tp2": "-17.2 %: its 10 timed iterations spread 111.4-144.5 ms (median 135.5) and "
-                    "the prediction is 112.2; record.sh at the previous commit, run the same "
-                    "afternoon, gave -15.1 % (the committed set before it -6.2 %)",
-}
-_MEAN_GAP = ("mean 8.6 % (-3.9, -4.5, -17.2, -8.6): TP2 as its iteration test says; before "
-             "the harness's gradient copies were modelled, -6.6, -4.5, -17.2, -12.4 % (mean 10.2)")
+_ITERATION_GAPS: dict[str, str] = {}
 _KIND_GAPS = {
-    "tiny-gpt-dp2": "comm -21.7 % (12.62 ms measured, 9.88 predicted): the 10.6 MB gradient "
-                    "all-reduce took 12.62 and 12.78 ms on the two ranks in training, against "
-                    "9.52 ms in the profile's all-reduce-after-compute row; every other kind "
-                    "within 13 %",
-    "tiny-t5-dp2": "comm -25.6 % (5.40 ms measured, 4.02 predicted): rank 0 waited for rank 1, "
-                   "whose compute took 23.70 ms against its 22.39 (rank 1's comm: 3.82 ms); "
-                   "every other kind within 20 %",
+    "tiny-gpt-dp2": "comm +33.0 % (8.78 ms measured on rank 0, 11.68 predicted; rank 1's 11.07 "
+                    "ms is +5.5 %): the gradient all-reduce is the noisiest kind, a second "
+                    "record.sh run straight after (16:21-16:24 UTC) gave -45.2 %; every other "
+                    "kind within 23 %, the large ones (matmul +4.9 %, optimizer +1.0 %, cross "
+                    "entropy +11.6 %) within 12 %",
 }
 
 
@@ -60,7 +52,6 @@ def test_iteration_time_within_10_percent(comparisons: dict[str, Comparison],
     assert abs(comparisons[name].iteration_time_error) <= ITERATION_BAR
 
 
-@pytest.mark.xfail(strict=True, reason=_MEAN_GAP)
 def test_mean_iteration_error_at_most_7_percent(comparisons: dict[str, Comparison]) -> None:
     """Mean |iteration-time error| over the committed traces ≤ 7 %."""
     errors = [abs(c.iteration_time_error) for c in comparisons.values()]
