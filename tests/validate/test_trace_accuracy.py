@@ -26,8 +26,8 @@ KIND_BAR = 0.20
 _ITERATION_GAPS: dict[str, str] = {}
 _KIND_GAPS = {
     "tiny-gpt-dp2": "comm +33.0 % (8.78 ms measured on rank 0, 11.68 predicted; rank 1's 11.07 "
-                    "ms is +5.5 %): the gradient all-reduce is the noisiest kind, a second "
-                    "record.sh run straight after (16:21-16:24 UTC) gave -45.2 %; every other "
+                    "ms is +5.5 %): the gradient all-reduce is the noisiest kind: three more "
+                    "record.sh runs that evening gave -45.2, +11.8 and -27.4 %; every other "
                     "kind within 23 %, the large ones (matmul +4.9 %, optimizer +1.0 %, cross "
                     "entropy +11.6 %) within 12 %",
 }
