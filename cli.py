@@ -26,6 +26,7 @@ from trainsim.commands.simulate import simulate_command
 from trainsim.commands.sweep import app as sweep_app
 from trainsim.commands.validate import register as register_validation
 from trainsim.errors import TrainsimError
+from trainsim.simulator.malloc_tuning import keep_freed_memory
 
 app = typer.Typer(
     name="sim",
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     if not sys.stdout.isatty():
         # Piped output: rich would fall back to 80 columns and cut names ("A10…"); widen it.
         os.environ.setdefault("COLUMNS", "200")
+    keep_freed_memory()  # large programs' arrays reused, not faulted in afresh (malloc_tuning)
     try:
         code = app(args=argv, standalone_mode=False)
     except typer.TyperException as exc:

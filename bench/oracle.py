@@ -34,8 +34,12 @@ was filed), exported with ``git archive`` and run in a process of its own
 above already has the lowering work done since (stamped instruction runs, planned collectives
 shared between groups) and so understates the gain.
 
-Usage: ``python bench/oracle.py [--quick] [--json] [--issue-day COMMIT|none]`` (``--quick``: shorter streams, no
-unfolded case).
+The process keeps freed memory for reuse as `sim` does at start-up (simulator/malloc_tuning.py;
+``--glibc-defaults`` leaves malloc alone); the issue-day process runs with glibc's defaults, as
+the code of that day did.
+
+Usage: ``python bench/oracle.py [--quick] [--json] [--issue-day COMMIT|none] [--glibc-defaults]``
+(``--quick``: shorter streams, no unfolded case).
 """
 
 from __future__ import annotations
@@ -344,7 +348,14 @@ def main() -> None:
     parser.add_argument("--issue-day", default=ISSUE_DAY, metavar="COMMIT",
                         help=f"commit whose Oracle is the issue's baseline (default {ISSUE_DAY};"
                              " 'none' skips it)")
+    parser.add_argument("--glibc-defaults", action="store_true",
+                        help="leave glibc malloc's thresholds alone (sim raises them at start-up: "
+                             "simulator/malloc_tuning.py)")
     args = parser.parse_args()
+    if not args.glibc_defaults:
+        from trainsim.simulator.malloc_tuning import keep_freed_memory
+
+        keep_freed_memory()
     quick = args.quick
     from trainsim.simulator.engine_numba import event_times
     from trainsim.simulator.random_program import random_program
