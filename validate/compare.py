@@ -67,12 +67,13 @@ from trainsim.validate.torch_parallel import GRAD_COPY_TRAFFIC
 from trainsim.validate.trace_import import KIND_ALIASES
 from trainsim.validate.trace_record import MeasuredTrace
 from trainsim.workloads.lowering import LoweringOptions, lower
+from trainsim.workloads.lowering.gradient_sync import GRAD_COPY_STREAMS
 from trainsim.workloads.model import build_graph
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.stage_costs import ADAM_STEP_BYTES_PER_PARAM, ADAM_STEP_FLOPS_PER_PARAM
 
 #: Program streams whose tasks are the rank's own computation (everything else is waiting).
-COMPUTE_STREAMS: tuple[str, ...] = ("compute",)
+COMPUTE_STREAMS: tuple[str, ...] = ("compute", *GRAD_COPY_STREAMS)
 
 #: Measured kinds folded into another before comparing: the tensor-parallel autograd nodes
 #: run all-reduces, which the simulator predicts with the other communication.
@@ -421,9 +422,7 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
     for s in range(p["pp"]):
         first = [r for r in trace.ranks if r.get("stage") == s]
         first.sort(key=lambda r: (r.get("replica", 0), r.get("tp_index", 0)))
-        # the gradient copies run outside the passes, as the measured busy time does not
-        rows = tasks[(tasks["rank"] == s) & tasks["stream"].isin(["compute", "tp"])
-                     & (tasks["kind"] != "grad_copy")]
+        rows = tasks[(tasks["rank"] == s) & tasks["stream"].isin(["compute", "tp"])]
         busy_pred = float(rows["duration_s"].sum())
         busy_meas = float(first[0].get("compute_s", 0.0)) if first else 0.0
         stages.append({"stage": s, "busy_measured_s": busy_meas, "busy_predicted_s": busy_pred,

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from trainsim.simulator.engines import run_program
+from trainsim.workloads.lowering.gradient_sync import GRAD_COPY_STREAMS
 
 MAX_ROUNDS = 40
 """Upper bound on fixed-point rounds (pp2 converges in about 10)."""
@@ -41,7 +42,7 @@ TOLERANCE = 1e-4
 """Largest relative change of any duration at which the fixed point is taken as reached."""
 DAMPING = 0.5
 """Weight of the previous round's durations (damps the oscillation of a two-stage pipeline)."""
-COMPUTE_STREAMS = ("compute",)
+COMPUTE_STREAMS = ("compute", *GRAD_COPY_STREAMS)
 """Streams whose tasks occupy a CPU (communication streams wait in gloo, asleep)."""
 
 

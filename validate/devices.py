@@ -23,9 +23,9 @@ of the validation models (`CPU_WORKER_ENV`, set unless the environment already s
 Measured on tiny-gpt DP2: cross entropy 12.0 → 5.2 ms and embedding 3.0 → 1.5 ms per
 iteration, iteration 147 → 136 ms (traces/README.md).
 
-**One core per worker.** On cpu each worker (one intra-op thread) is bound to a core of its own,
-rank r to the r-th CPU the command may run on (`worker_cores`, `pin_worker`), where there are
-enough: a rank owns its processor, as a GPU rank owns its device, instead of the OS moving the
+**One CPU per worker.** On cpu each worker (one intra-op thread) is bound to a logical CPU of
+its own, rank r to the r-th CPU the command may run on (`worker_cores`, `pin_worker`), where
+there are enough (on a host with SMT two of them may be hyperthreads of one physical core): a rank owns its processor, as a GPU rank owns its device, instead of the OS moving the
 workers and their gloo threads between cores. Measured on tiny-gpt TP2 (three `sim trace` runs
 each, alternating, 2026-11-27 16:1x UTC, this 2-vCPU machine): median iterations 110.1, 119.9
 and 121.5 ms bound against 140.1, 139.3 and 136.4 ms unbound (iteration IQRs 13–17 against
@@ -68,9 +68,10 @@ def prepare_workers(device: str) -> None:
 
 
 def worker_cores(device: str, processes: int, threads: int = 1) -> list[int] | None:
-    """The core of each of `processes` one-thread cpu workers (module docstring), or None
-    where they are left to the OS: on cuda, with several threads a worker, with fewer CPUs
-    allowed than workers, or where the OS cannot bind (no ``sched_setaffinity``)."""
+    """The logical CPU of each of `processes` one-thread cpu workers (module docstring), or
+    None where they are left to the OS: on cuda, with several threads a worker, with fewer CPUs
+    allowed than workers, or where the OS has no CPU affinity (no ``sched_getaffinity``, as on
+    macOS)."""
     if device != "cpu" or threads != 1 or not hasattr(os, "sched_getaffinity"):
         return None
     cpus = sorted(os.sched_getaffinity(0))
@@ -84,7 +85,7 @@ def cpu_binding(cores: list[int] | None) -> str:
 
 
 def pin_worker(cores: list[int] | None, rank: int) -> None:
-    """Bind this worker process to its core (`worker_cores`); nothing when `cores` is None."""
+    """Bind this worker process to its CPU (`worker_cores`); nothing when `cores` is None."""
     if cores is not None:
         os.sched_setaffinity(0, {cores[rank]})
 

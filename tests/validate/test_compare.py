@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainsim.validate.compare import compare, format_report, idle_s
+from trainsim.validate.compare import COMPUTE_STREAMS, compare, format_report, idle_s
 from trainsim.validate.profile_db import ProfileDB
 from trainsim.validate.trace_record import MeasuredTrace
 
@@ -22,16 +22,16 @@ def db(traces_dir) -> ProfileDB:
 def test_comm_is_predicted_as_the_ranks_time_outside_compute(db, traces_dir, plan) -> None:
     """Predicted comm = what measured comm counts (time in torch.distributed outside ops,
     waits for the peer included) on the simulated timeline: each stage's first rank's time
-    from the iteration's start to its last task that its compute stream is idle — not 0 with a
-    fake −100 %; the measured tensor-parallel autograd nodes (tp_comm) are folded into
-    measured comm."""
+    from the iteration's start to its last task that its compute stream (and the gradient
+    copies' streams, the harness's own computation) is idle — not 0 with a fake −100 %; the
+    measured tensor-parallel autograd nodes (tp_comm) are folded into measured comm."""
     c = compare(MeasuredTrace.load(traces_dir / f"tiny-gpt-{plan}.json"), db)
     kinds = {k["kind"]: k for k in c.kinds}
     tasks = c.result.tasks
     expected = 0.0
     for s in range(c.plan["pp"]):
         mine = tasks[tasks["rank"] == s]
-        compute = mine[mine["stream"] == "compute"]
+        compute = mine[mine["stream"].isin(COMPUTE_STREAMS)]
         expected += float(mine["end_s"].max()) - float(compute["duration_s"].sum())
     assert expected > 0
     assert kinds["comm"]["predicted_s"] == pytest.approx(expected)

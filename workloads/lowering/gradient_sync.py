@@ -22,6 +22,10 @@ from trainsim.workloads.stage_costs import (
     optimizer_bytes_per_param,
 )
 
+GRAD_COPY_STREAMS = ("grad_copy_in", "grad_copy_out")
+"""Streams of the gradient copies around a data-parallel reduction (`GradientSync.dp_sync`):
+computation of the rank's own, off the compute stream's queue."""
+
 
 class GradientSync:
     """Data-parallel and ZeRO traffic plus the optimizer step of one lowering.
@@ -127,7 +131,16 @@ class GradientSync:
         """Data-parallel gradient reduction of each bucket as soon as its backward part ends
         (PyTorch DDP / Megatron overlap_grad_reduce); reduce-scatter under ZeRO >= 1. A
         reduction spans every replica, so it starts when the slowest is ready; folded, one task
-        over the stage's program ranks (one per replica class) stands for the dp groups."""
+        over the stage's program ranks (one per replica class) stands for the dp groups.
+
+        With `ModelSpec.grad_copy_traffic` each bucket's gradients are first copied into its
+        reduction buffer (``copy_in``, the first 2 bytes per gradient byte; it holds the buffer
+        from then on) and the result scaled and copied back after the reduction (``copy_out``,
+        the rest, over the rank's 1/dp shard under a reduce-scatter; it frees the buffer). The
+        copies run on streams of their own, so a bucket's copy waits for its part of the
+        backward only and later passes do not queue behind a reduction: every copy-in is
+        emitted before any copy-out, as DDP copies each bucket in as it fills and back at the
+        end of the backward."""
         per_param = optimizer_bytes_per_param(self.plan.dtype)[1]
         kind = "all_reduce" if self.plan.zero == 0 else "reduce_scatter"
         n = len(per_bucket)
@@ -136,43 +149,55 @@ class GradientSync:
         meta = (-1, k, -1, -1)
         fold = self.layout.fold
         traffic = self.layout.model.grad_copy_traffic
+        back = (traffic - 2.0) / (self.plan.dp_of_stage(phys) if self.plan.zero >= 1 else 1)
+        # (bucket suffix, program ranks, dp copies, gradient bytes, ready task per rank)
+        calls: list[tuple[str, tuple[int, ...], list[tuple[int, ...]], float, list[int]]] = []
         for bucket in range(n):
             suffix = "" if n == 1 else f".b{bucket}"
-            name = b.name_template(f"s{k}.dp{suffix}")
             for copies, params in self.grad_groups(phys, c):
-                grad_bytes = params * per_param
+                grad_bytes = params * per_param / n
                 groups = ([(self.layout.stage_prog_ranks(phys), copies)] if fold
                           else [(g, [g]) for g in copies])
                 for prog, cps in groups:
                     ready = [per_bucket[bucket][r] for r in prog]
                     if traffic > 0:  # the gradients copied into the reduction buffer first
-                        ready = self._copies(prog, f"s{k}.dp{suffix}.copy_in", ready,
-                                             min(traffic, 2.0) * grad_bytes / n, meta)
-                    ids = self.comm.tasks([(kind, grad_bytes / n)], name=name, arg=-1,
-                                          kind=kind_code, stream=stream, prog_ranks=prog,
-                                          copies=cps, deps=ready, meta=meta)
-                    tail = [ids[-1:] for _ in prog]
-                    if traffic > 2.0:  # ... and the reduced result scaled and copied back
-                        tail = [[t] for t in self._copies(
-                            prog, f"s{k}.dp{suffix}.copy_out",
-                            [ids[-1] if ids else ready[i] for i in range(len(prog))],
-                            (traffic - 2.0) * grad_bytes / n, meta)]
-                    for r, last in zip(prog, tail):
-                        self.dp_tail[r].extend(last)
+                        ready = self._copies(
+                            prog, f"s{k}.dp{suffix}.copy_in", GRAD_COPY_STREAMS[0], ready,
+                            min(traffic, 2.0) * grad_bytes, meta,
+                            alloc=grad_bytes if traffic > 2.0 else 0.0)
+                    calls.append((suffix, tuple(prog), cps, grad_bytes, ready))
+        reduced = [self.comm.tasks([(kind, grad_bytes)],
+                                   name=b.name_template(f"s{k}.dp{suffix}"), arg=-1,
+                                   kind=kind_code, stream=stream, prog_ranks=prog, copies=cps,
+                                   deps=ready, meta=meta)
+                   for suffix, prog, cps, grad_bytes, ready in calls]
+        for (suffix, prog, _, grad_bytes, ready), ids in zip(calls, reduced):
+            # what the optimizer step waits for: the reduction (or, where it emitted nothing,
+            # the copy-in), then the copy-out
+            tails = [ids[-1:] or ([dep] if traffic > 0 else []) for dep in ready]
+            if traffic > 2.0:  # ... and the reduced result scaled and copied back
+                tails = [[t] for t in self._copies(
+                    prog, f"s{k}.dp{suffix}.copy_out", GRAD_COPY_STREAMS[1],
+                    [t[-1] if t else dep for t, dep in zip(tails, ready)], back * grad_bytes,
+                    meta, free=grad_bytes)]
+            for r, tail in zip(prog, tails):
+                self.dp_tail[r].extend(tail)
 
-    def _copies(self, prog: tuple[int, ...], name: str, after: list[int], moved: float,
-                meta: Meta) -> list[int]:
-        """One memory-bound copy of `moved` bytes (read and written) on each of `prog`'s compute
-        streams, each after its task in `after` (`ModelSpec.grad_copy_traffic`); their ids."""
+    def _copies(self, prog: tuple[int, ...], name: str, stream: str, after: list[int],
+                moved: float, meta: Meta, *, alloc: float = 0.0, free: float = 0.0
+                ) -> list[int]:
+        """One memory-bound copy of `moved` bytes (read and written) on each of `prog`'s
+        `stream`, each after its task in `after`, allocating or freeing the reduction buffer
+        (`dp_sync`); their ids."""
         b, layout = self.b, self.layout
-        name_code, kind = b.name_template(name), b.kind("grad_copy")
+        name_code, kind, code = b.name_template(name), b.kind("grad_copy"), b.stream(stream)
         out = []
         for r, dep in zip(prog, after):
             gpu = layout.cluster.gpu(layout.represents[r][0])
             est = layout.cost_model.estimate("copy", 0.0, moved, gpu, None, self.plan.dtype,
                                              None)
-            out.append(b.add(name_code, -1, kind, self.compute_stream, (r,), est.time_s, 0.0,
-                             (), (dep,), 0.0, 0.0, est.power_w, gpu.sm_clock_max_mhz, *meta))
+            out.append(b.add(name_code, -1, kind, code, (r,), est.time_s, 0.0, (), (dep,),
+                             alloc, free, est.power_w, gpu.sm_clock_max_mhz, *meta))
         return out
 
     def grad_groups(self, phys: int, c: InstructionCosts
