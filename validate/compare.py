@@ -118,6 +118,8 @@ class Comparison:
     """`in_model_scales`: per op kind, the factor on its profiled backwards (empty: none)."""
     overlap: tuple[float, ...] | None = None
     """Per stage, the shared-CPU blend's mean overlap (None: profile without solo timings)."""
+    warnings: tuple[str, ...] = ()
+    """What makes the comparison less trustworthy (`binding_warning`); printed last."""
     result: Any = field(default=None, repr=False, compare=False)
     """The SimResult (for the overlay plot)."""
 
@@ -146,7 +148,8 @@ class Comparison:
                 "cost_sources": dict(self.cost_sources), "speed_factor": self.speed_factor,
                 "in_model_factor": list(self.in_model), "fwd_scale": dict(self.fwd_scale),
                 "bwd_scale": dict(self.bwd_scale),
-                "overlap": None if self.overlap is None else list(self.overlap)}
+                "overlap": None if self.overlap is None else list(self.overlap),
+                **({"warnings": list(self.warnings)} if self.warnings else {})}
 
 
 def _stage_layers(graph: Any, pp: int, counts: list[int]) -> list[list[Any]]:
@@ -225,6 +228,21 @@ def grad_copy(trace: MeasuredTrace) -> tuple[float, Callable[[float], float] | N
         return GRAD_COPY_TRAFFIC, None
     speed = _bench_speed(trace, adam_cpu_cost().reference_gemm_s)
     return GRAD_COPY_TRAFFIC, lambda moved: copy_s(moved, speed)
+
+
+def binding_warning(trace: MeasuredTrace, db: ProfileDB) -> str | None:
+    """A line when the trace's CPU workers were bound to CPUs otherwise than the profile's
+    (validate/devices.py `worker_cores`; files without ``cpu_binding`` predate it and ran
+    unbound): the profile then describes other conditions than the trace ran under. None when
+    they match or the trace is not a CPU run."""
+    if trace.machine.get("device") != "cpu":
+        return None
+    unbound = "not recorded (unbound)"
+    ours, theirs = trace.machine.get("cpu_binding"), db.meta.get("cpu_binding")
+    if ours == theirs:
+        return None
+    return (f"CPU binding differs: trace {ours or unbound}, profile {theirs or unbound}; "
+            f"runs differ with it (TP2: 136-140 ms unbound, 110-122 bound; validate/devices.py)")
 
 
 def idle_s(tasks: Any, rank: int) -> float:
@@ -458,7 +476,8 @@ def compare(trace: MeasuredTrace, db: ProfileDB, *, engine: str = "numba") -> Co
         peak_memory_predicted_bytes=float(result.peak_memory_bytes),
         cost_sources=dict(cost.sources), speed_factor=factor,
         in_model=in_model, fwd_scale=fwd_scale, bwd_scale=bwd_scale,
-        overlap=overlap, result=result)
+        overlap=overlap, result=result,
+        warnings=tuple(w for w in (binding_warning(trace, db),) if w))
 
 
 def format_report(c: Comparison) -> str:
@@ -504,4 +523,5 @@ def format_report(c: Comparison) -> str:
     if c.overlap is not None:
         lines.append("shared-CPU blend: compute alongside another process "
                      + ", ".join(f"stage {s} {100 * f:.0f}%" for s, f in enumerate(c.overlap)))
+    lines.extend(f"warning: {w}" for w in c.warnings)
     return "\n".join(lines)

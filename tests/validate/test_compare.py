@@ -239,3 +239,18 @@ def test_a_profile_row_is_matched_by_flops_and_bytes(db) -> None:
     cost = ProfiledCostModel(both)
     assert cost.time_s("embedding", 65536.0, 655360.0, (65536,)) == pytest.approx(3e-4)
     assert cost.time_s("embedding", 65536.0, 786432.0, (65536,)) == pytest.approx(3e-5)
+
+
+def test_a_profile_recorded_under_another_cpu_binding_is_named(db, traces_dir, capsys) -> None:
+    """The committed trace and profile were both recorded bound: no warning. Against a profile
+    without ``cpu_binding`` (recorded unbound, before binding existed) the comparison says so,
+    in its JSON and as the report's last line."""
+    trace = MeasuredTrace.load(traces_dir / "tiny-gpt-tp2.json")
+    assert compare(trace, db).warnings == ()
+    unbound = ProfileDB(meta={k: v for k, v in db.meta.items() if k != "cpu_binding"},
+                        rows=db.rows)
+    c = compare(trace, unbound)
+    assert len(c.warnings) == 1 and "profile not recorded (unbound)" in c.warnings[0]
+    assert c.to_dict()["warnings"] == list(c.warnings)
+    assert format_report(c).splitlines()[-1] == f"warning: {c.warnings[0]}"
+    assert "warnings" not in compare(trace, db).to_dict()
