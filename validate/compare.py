@@ -57,7 +57,7 @@ from typing import Any
 
 from trainsim.errors import PlanError, TraceError, UnknownNameError
 from trainsim.simulator.engines import run_program
-from trainsim.validate.contention import blend
+from trainsim.validate.contention import COMPUTE_STREAMS, blend
 from trainsim.validate.cpu_hardware import cpu_cluster
 from trainsim.validate.cpu_microbench import adam_cpu_cost, copy_s, param_tensors
 from trainsim.validate.profile_db import ProfileDB
@@ -67,13 +67,9 @@ from trainsim.validate.torch_parallel import GRAD_COPY_TRAFFIC
 from trainsim.validate.trace_import import KIND_ALIASES
 from trainsim.validate.trace_record import MeasuredTrace
 from trainsim.workloads.lowering import LoweringOptions, lower
-from trainsim.workloads.lowering.gradient_sync import GRAD_COPY_STREAMS
 from trainsim.workloads.model import build_graph
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.stage_costs import ADAM_STEP_BYTES_PER_PARAM, ADAM_STEP_FLOPS_PER_PARAM
-
-#: Program streams whose tasks are the rank's own computation (everything else is waiting).
-COMPUTE_STREAMS: tuple[str, ...] = ("compute", *GRAD_COPY_STREAMS)
 
 #: Measured kinds folded into another before comparing: the tensor-parallel autograd nodes
 #: run all-reduces, which the simulator predicts with the other communication.

@@ -43,7 +43,8 @@ TOLERANCE = 1e-4
 DAMPING = 0.5
 """Weight of the previous round's durations (damps the oscillation of a two-stage pipeline)."""
 COMPUTE_STREAMS = ("compute", *GRAD_COPY_STREAMS)
-"""Streams whose tasks occupy a CPU (communication streams wait in gloo, asleep)."""
+"""Streams whose tasks occupy a CPU: the compute stream and the gradient copies (communication
+streams wait in gloo, asleep); `sim validate` counts the rest of a rank's time as comm."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -113,7 +113,7 @@ class ModelSpec:
     """Bytes read and written per gradient byte by the copies a stack runs around the
     data-parallel gradient reduction: the gradients copied into a reduction buffer before it
     (the first 2: read once, written once) and the reduced result scaled and copied back after
-    it (the rest), on the compute stream. PyTorch DDP does so unless
+    it (the rest), on streams of their own (lowering/gradient_sync.py). PyTorch DDP does so unless
     ``gradient_as_bucket_view=True``; the CPU validation harness flattens its gradients into
     one buffer (validate/torch_parallel.py, 6). 0: the gradients live in the buffer
     (Megatron's contiguous gradient buffer, DDP with bucket views), or no copy is modelled."""

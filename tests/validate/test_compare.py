@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainsim.validate.compare import COMPUTE_STREAMS, compare, format_report, idle_s
+from trainsim.validate.compare import compare, format_report, idle_s
+from trainsim.validate.contention import COMPUTE_STREAMS
 from trainsim.validate.profile_db import ProfileDB
 from trainsim.validate.trace_record import MeasuredTrace
 

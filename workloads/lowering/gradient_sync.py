@@ -178,8 +178,7 @@ class GradientSync:
             if traffic > 2.0:  # ... and the reduced result scaled and copied back
                 tails = [[t] for t in self._copies(
                     prog, f"s{k}.dp{suffix}.copy_out", GRAD_COPY_STREAMS[1],
-                    [t[-1] if t else dep for t, dep in zip(tails, ready)], back * grad_bytes,
-                    meta, free=grad_bytes)]
+                    [t[-1] for t in tails], back * grad_bytes, meta, free=grad_bytes)]
             for r, tail in zip(prog, tails):
                 self.dp_tail[r].extend(tail)
 
