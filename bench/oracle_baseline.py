@@ -5,11 +5,13 @@ bench/oracle.py runs this with ``PYTHONPATH`` pointing at an export of an older 
 day. Only APIs that commit already had are used: `trainsim.api.load_model` / `load_cluster`,
 `Oracle(model, cluster).evaluate_many`, `ParallelPlan.from_dict`.
 
-Usage: ``python bench/oracle_baseline.py STREAMS.json`` where the file holds
+Usage: ``python bench/oracle_baseline.py STREAMS.json [--keep-freed-memory]`` where the file holds
 ``{"streams": [{"name", "model", "cluster", "plans": [plan dicts]}]}``; prints one JSON object:
 ``{"trainsim": path imported, "streams": [{"name", "plans", "cpu_s", "errors"}]}``.
 Each stream gets a fresh Oracle, after one untimed evaluation of its first plan on another
 (numba's compiled kernels load then), with the garbage collector off while timed.
+``--keep-freed-memory`` first applies `sim`'s malloc thresholds (simulator/malloc_tuning.py,
+which the issue-day code does not have): bench/oracle.py times this tree that way too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ def main() -> None:
     from trainsim.search.oracle import Oracle
     from trainsim.workloads.plan import ParallelPlan
 
+    if "--keep-freed-memory" in sys.argv[2:]:
+        from trainsim.simulator.malloc_tuning import keep_freed_memory
+
+        keep_freed_memory()
     spec = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
     out = []
     for stream in spec["streams"]:
