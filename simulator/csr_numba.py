@@ -43,7 +43,15 @@ def _sorted_within(bounds: np.ndarray, values: np.ndarray) -> np.ndarray:  # pra
     out = np.empty(len(values), np.int64)
     for k in range(len(bounds) - 1):
         lo, hi = bounds[k], bounds[k + 1]
-        if hi > lo:
+        ordered = True  # in order already (a rank's rows by start, as lowering emits them)
+        for i in range(lo + 1, hi):
+            if not values[i] >= values[i - 1]:  # NaN too: left to the sort
+                ordered = False
+                break
+        if ordered:  # a stable sort leaves it as it is
+            for i in range(lo, hi):
+                out[i] = i
+        elif hi > lo:
             out[lo:hi] = lo + np.argsort(values[lo:hi], kind="mergesort")
     return out
 

@@ -97,8 +97,10 @@ class Layer:
             comm=tuple(c for op in ops for c in op.shardings[0].comm),
         )
 
-    def activation_bytes(self, tp: int = 1, sp: bool = False, recompute: str = "none") -> float:
-        """Activation bytes one micro-batch keeps in this layer from forward to backward.
+    def activation_bytes(self, tp: int = 1, sp: bool = False, recompute: str = "none",
+                         ops: tuple[Op, ...] | None = None) -> float:
+        """Activation bytes one micro-batch keeps in this layer from forward to backward
+        (`ops`: `sharded_ops(tp, sp)` where the caller has them already).
 
         Korthikanti et al. 2022: with no recompute the sum of the ops' saved tensors (per GPT
         block s·b·h·(34 + 5as/h), Table 2); "selective" drops the attention-core tensors but
@@ -112,7 +114,8 @@ class Layer:
         if recompute == "selective" and self.selective_policy == "op":
             return self.op_sac(tp, sp)[0]
         policy = "selective" if recompute == "selective" else "none"
-        return float(sum(op.saved_bytes(policy) for op in self.sharded_ops(tp, sp)))
+        return float(sum(op.saved_bytes(policy)
+                         for op in (self.sharded_ops(tp, sp) if ops is None else ops)))
 
     def recompute_fwd_flops(self, recompute: str = "none", tp: int = 1, sp: bool = False) -> float:
         """Forward FLOPs run again before the backward pass under `recompute`."""

@@ -155,14 +155,15 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
                                  Work(time_s=share * f.time_s, energy_j=share * f.energy_j))
             if full or op.name in names:
                 out.comm["rec" + suffix] += fwd_needs
+    same = tuple(ops) if ep == 1 else None  # the ops `activation_bytes` would shard again
     if full:
-        kept = layer.activation_bytes(tp, sp, "full")
-        extra = layer.activation_bytes(tp, sp, "none") - kept
+        kept = layer.activation_bytes(tp, sp, "full", ops=same)
+        extra = layer.activation_bytes(tp, sp, "none", ops=same) - kept
     elif recompute == "selective":
-        kept = layer.activation_bytes(tp, sp, "selective")
-        extra = layer.activation_bytes(tp, sp, "none") - kept
+        kept = layer.activation_bytes(tp, sp, "selective", ops=same)
+        extra = layer.activation_bytes(tp, sp, "none", ops=same) - kept
     else:
-        kept = layer.activation_bytes(tp, sp, "none")
+        kept = layer.activation_bytes(tp, sp, "none", ops=same)
         dropped = sum(op.activation_bytes for op in ops if op.name in names)
         kept, extra = kept - dropped, dropped
     # the loss's gradient buffers live during the backward only, as recomputed activations

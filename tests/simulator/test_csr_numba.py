@@ -152,6 +152,23 @@ def test_sorted_within_is_lexsort_on_rows_grouped_by_key() -> None:
     np.testing.assert_array_equal(got, np.lexsort((start, rank)))
 
 
+def test_sorted_within_leaves_slices_in_order_and_sorts_the_rest() -> None:
+    """Slices already in order (ties included: lowering emits a rank's rows by start) stay
+    as they are, the others are sorted stably, and a NaN slice is left to the sort: the same
+    positions as one stable sort per slice."""
+    from trainsim.simulator.csr_numba import sorted_within
+
+    rng = np.random.default_rng(11)
+    pieces = [np.sort(rng.integers(0, 20, 300)).astype(np.float64),  # in order, many ties
+              rng.integers(0, 20, 300).astype(np.float64),  # not
+              np.array([1.0, np.nan, 2.0, 0.5]), np.array([3.0]), np.zeros(0)]
+    values = np.concatenate(pieces)
+    bounds = np.concatenate(([0], np.cumsum([len(x) for x in pieces])))
+    want = np.concatenate([lo + np.argsort(x, kind="stable")
+                           for lo, x in zip(bounds[:-1], pieces)])
+    np.testing.assert_array_equal(sorted_within(bounds, values), want)
+
+
 def test_lean_result_is_the_same_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-rank records (busy, energy, memory) of a random program are identical whether
     the result's orders come from the compiled passes or from numpy's sorts."""

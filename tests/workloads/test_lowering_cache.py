@@ -80,6 +80,11 @@ def test_a_cache_shared_by_many_plans_changes_none_of_them() -> None:
         plan = ParallelPlan.build(spec, hw, **fields)
         assert_same_program(lower(spec, hw, plan, opt, cache=cache), lower(spec, hw, plan, opt))
     assert cache.hits > 0
+    chains = len(cache.comm_templates)
+    assert chains > 0  # collectives kept with named links, each lowering codes them anew
+    plan = ParallelPlan.build(spec, hw, **stream[0])
+    assert_same_program(lower(spec, hw, plan, opt, cache=cache), lower(spec, hw, plan, opt))
+    assert len(cache.comm_templates) == chains  # all of them found, none planned again
 
 
 @pytest.mark.parametrize("case", ["1f1b", "hetero", "zero2-1f1b-bucket", "interleaved"])

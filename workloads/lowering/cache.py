@@ -6,7 +6,8 @@ graph of a micro-batch shape, a stage's instruction costs (its layer range, op-p
 micro-batch shape, recompute policy, GPU type and clock) and each layer's, the model FLOPs of a micro-batch, the
 list of uniform micro-batches, the pipeline schedule of a (schedule, depth, micro-batches), and
 the planned phases of a collective on given GPUs (comm.py's own caches, shared: with them a
-collective is planned once per group shape, whatever the plan). The cache
+collective is planned once per group shape, whatever the plan) and the chains of collectives
+built from them (each lowering only gives their links its own codes). The cache
 keeps those answers keyed by exactly that content, so a move that touches one stage costs only
 that stage again. Every entry is a pure function of its key (and of the model, cluster and
 options the cache is bound to), so a lowering with the cache emits the same Program as one
@@ -41,6 +42,7 @@ class LoweringCache:
         "_owner",
         "comm_loads",
         "comm_phases",
+        "comm_templates",
         "costs",
         "flops",
         "graphs",
@@ -73,6 +75,10 @@ class LoweringCache:
         self.comm_loads: dict[Any, Any] = {}
         """`CommLowering`'s link loads per (collectives, concurrent groups), and the links one
         copy of a shape uses: the cluster's."""
+        self.comm_templates: dict[Any, Any] = {}
+        """`CommLowering`'s chains of collectives per (collectives, concurrent groups), with
+        links named (comm.py `NamedTemplate`): each lowering turns the names into its own
+        builder's link codes."""
         self.layer_costs: dict[Any, Any] = {}
         """One layer's costs per (layer, tp, recompute, GPU, clock, ...) (stage_costs.py)."""
         self.hits = 0
@@ -98,6 +104,7 @@ class LoweringCache:
         self.stage_maps.clear()
         self.comm_phases.clear()
         self.comm_loads.clear()
+        self.comm_templates.clear()
         self.layer_costs.clear()
         self.hits = self.misses = 0
 

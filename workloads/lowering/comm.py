@@ -68,6 +68,9 @@ NO_META: Meta = (-1, -1, -1, -1)
 
 Template = list[tuple[float, float, tuple[int, ...]]]
 """(latency, bytes per link, link codes) of each task of a planned chain of collectives."""
+NamedTemplate = tuple[tuple[float, float, tuple[tuple[str, float], ...]], ...]
+"""A `Template` with each link as (link id, its bandwidth) instead of a builder code: what a
+`LoweringCache` keeps between lowerings (`CommLowering.template`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +259,9 @@ class CommLowering:
         """(needs, copies) -> link loads, and ("used", needs, signature) -> the links one copy
         uses; shared like `_phase_cache`."""
         self._template_cache: dict[tuple[tuple[Need, ...], Hashable], Template] = {}
+        self._named_cache: dict[Hashable, NamedTemplate] | None = None
+        """(needs, copies) -> `NamedTemplate`: a `LoweringCache` shares it between lowerings
+        (lower.py assigns it), so each lowering only turns link ids into its builder's codes."""
 
     def _renaming(self) -> bool:
         """Whether to plan per shape (module docstring of `translate`); adopts the shared
@@ -381,7 +387,13 @@ class CommLowering:
         cache_key = (chain, key) if key is not None else (chain, tuple(copies))
         template = self._template_cache.get(cache_key)
         if template is None:
-            template = self._template_cache[cache_key] = self._template(chain, tuple(copies))
+            shared, full = self._named_cache, (chain, tuple(copies))
+            named = shared.get(full) if shared is not None else None
+            if named is None:
+                named = self._named_template(*full)
+                if shared is not None:
+                    shared[full] = named
+            template = self._template_cache[cache_key] = self._coded(named)
         return template
 
     def emit_planned(self, planned: PlannedComm, deps: Sequence[int], arg: int, meta: Meta
@@ -415,23 +427,38 @@ class CommLowering:
             ids.append(tid)
         return ids
 
-    def _template(self, needs: tuple[Need, ...], copies: tuple[tuple[int, ...], ...]
-                  ) -> Template:
-        """(latency, bytes per link, link codes) of each task `tasks` creates: lowering asks
-        for the same collective on the same groups once per micro-batch, so it is cached."""
-        out: list[tuple[float, float, tuple[int, ...]]] = []
+    def _named_template(self, needs: tuple[Need, ...], copies: tuple[tuple[int, ...], ...]
+                        ) -> NamedTemplate:
+        """(latency, bytes per link, (link id, bandwidth) of each link) of each task `tasks`
+        creates: lowering asks for the same collective on the same groups once per
+        micro-batch, and a planner's lowerings for it again, so it is cached (`template`).
+        A link crossed by n of the concurrent `copies` is the virtual ``<id>/<n>`` with 1/n
+        of its bandwidth."""
+        out = []
         group = copies[0]
         phases = [ph for k, size in needs if size > 0 for ph in self.phases(k, group, size)] \
             if len(group) >= 2 else []
         load = self._near_load(needs, copies) if len(copies) > 1 and phases else {}
         for merged in merge_phases(phases):
-            links: list[int] = []
+            links = []
             for link in merged.links if merged.bytes_per_link > 0 else ():
                 n = load.get(link, 1)
-                lid = link if n <= 1 else f"{link}/{n}"
-                self.links.setdefault(lid, self.topology.link(link).bandwidth_bytes_per_s / n)
-                links.append(self.builder.link(lid))
-            out.append((merged.latency_s, merged.bytes_per_link if links else 0.0, tuple(links)))
+                bandwidth = self.topology.link(link).bandwidth_bytes_per_s
+                links.append((link if n <= 1 else f"{link}/{n}", bandwidth / n))
+            out.append((merged.latency_s, merged.bytes_per_link if links else 0.0,
+                        tuple(links)))
+        return tuple(out)
+
+    def _coded(self, named: NamedTemplate) -> Template:
+        """`named` in this lowering's builder codes, each link entered in its link table."""
+        links, code = self.links, self.builder.link
+        out: Template = []
+        for latency_s, nbytes, named_links in named:
+            codes = []
+            for lid, bandwidth in named_links:
+                links.setdefault(lid, bandwidth)
+                codes.append(code(lid))
+            out.append((latency_s, nbytes, tuple(codes)))
         return out
 
 

@@ -306,6 +306,7 @@ class _Lowering:
         if cache is not None:  # planned phases and link loads are the cluster's, not the plan's
             self.comm._phase_cache = cache.comm_phases
             self.comm._load_cache = cache.comm_loads
+            self.comm._named_cache = cache.comm_templates
         self.compute_stream = self.b.stream("compute")
         self.sync = GradientSync(layout, self.comm, self.b, self.compute_stream)
         self.last_compute: dict[int, int] = {}  # program rank -> its last compute task

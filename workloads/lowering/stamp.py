@@ -145,9 +145,11 @@ class SlotMap(dict[Any, Any]):
     def _clashes(self, prefix: Hashable, js: np.ndarray) -> bool:
         """Whether some (`prefix`, j) is in the dict already, or `js` repeats a j."""
         in_dict = self._in_dict.get(prefix)
-        if in_dict and not in_dict.isdisjoint(js.tolist()):
+        if in_dict and _member(js, in_dict).any():
             return True
-        return len(js) > 1 and int(np.bincount(js).max()) > 1
+        if len(js) < 2 or bool((js[1:] > js[:-1]).all()):  # increasing (a run's): no repeat
+            return False
+        return int(np.bincount(js).max()) > 1
 
     def put(self, prefix: Hashable, js: np.ndarray, values: np.ndarray) -> None:
         """Entries (`prefix`, j) = value in the array (none of them may be in the dict)."""
@@ -347,6 +349,17 @@ def run_columns(bank: Bank, index: np.ndarray, js: np.ndarray
     return columns, g, owner
 
 
+def _member(js: np.ndarray, indices: set[int]) -> np.ndarray:
+    """Whether each j of `js` is in `indices` (a map's dict entries of one prefix: few, the
+    instructions the ordinary code emitted), by one comparison per index."""
+    if len(indices) > 8:
+        return np.isin(js, np.fromiter(indices, np.int64, len(indices)))
+    mine = np.zeros(len(js), bool)
+    for j in indices:
+        mine |= js == j
+    return mine
+
+
 def _values(a: np.ndarray) -> list[int]:
     """The distinct values of `a` (small non-negative ints), in order."""
     return np.flatnonzero(np.bincount(a)).tolist() if len(a) else []
@@ -357,7 +370,7 @@ def _put_sizes(held: SlotMap, prefix: tuple[int, int], js: np.ndarray, size: flo
     has the key already."""
     in_dict = held.dict_indices(prefix)
     if in_dict:
-        mine = np.fromiter((j in in_dict for j in js.tolist()), bool, len(js))
+        mine = _member(js, in_dict)
         for j in js[mine].tolist():
             held[(prefix[0], j, prefix[1])] = size
         js = js[~mine]
