@@ -64,6 +64,17 @@ class Action:
         return f"{self.stage}{self.kind}{self.micro_batch}"
 
     @classmethod
+    def trusted(cls, stage: int, kind: ActionKind, micro_batch: int) -> Action:
+        """An Action from fields a schedule generator's own loops make (non-negative ints, a
+        kind of ACTION_KINDS), without `__post_init__`'s checks: they cost two thirds of
+        building 1F1B for 16 stages and 192 micro-batches (6,144 actions)."""
+        action = object.__new__(cls)
+        object.__setattr__(action, "stage", stage)
+        object.__setattr__(action, "kind", kind)
+        object.__setattr__(action, "micro_batch", micro_batch)
+        return action
+
+    @classmethod
     def parse(cls, text: str) -> Action:
         """Parse ``"<stage><kind><micro_batch>"`` (e.g. ``"2B3"``), the inverse of `str`.
 

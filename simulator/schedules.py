@@ -29,6 +29,10 @@ from trainsim.simulator.actions import (
     read_schedule_csv,
     validate_schedule,
 )
+
+_act = Action.trusted
+"""The generators below make their actions from `_check_sizes`-checked sizes and their own
+loops, so they skip `Action`'s checks."""
 from trainsim.simulator.cyclic_schedule import capped_cyclic, parse_cyclic_name, wait_free_cyclic
 from trainsim.simulator.schedule_dryrun import DryRun, dry_run, peak_in_flight, unit_time_makespan
 from trainsim.simulator.torch_schedules import from_torch, resolve_class_name
@@ -58,7 +62,7 @@ def gpipe(p: int, m: int) -> Schedule:
     """
     _check_sizes(p, m)
     return {
-        r: [*(Action(r, "F", j) for j in range(m)), *(Action(r, "B", j) for j in range(m))]
+        r: [*(_act(r, "F", j) for j in range(m)), *(_act(r, "B", j) for j in range(m))]
         for r in range(p)
     }
 
@@ -74,10 +78,10 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     order: Schedule = {}
     for r in range(p):
         warmup = min(p - r - 1, m)
-        ops: list[Action | None] = [Action(r, "F", j) for j in range(warmup)]
+        ops: list[Action | None] = [_act(r, "F", j) for j in range(warmup)]
         for j in range(m - warmup):
-            ops += [Action(r, "F", warmup + j), Action(r, "B", j)]
-        ops += [Action(r, "B", j) for j in range(m - warmup, m)]
+            ops += [_act(r, "F", warmup + j), _act(r, "B", j)]
+        ops += [_act(r, "B", j) for j in range(m - warmup, m)]
         order[r] = ops
     return order
 
@@ -117,7 +121,7 @@ def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
         if kind == "B":
             chunk = v - 1 - chunk
         micro_batch = (k // group) * p + k % p
-        return Action(chunk * p + rank, kind, micro_batch)  # type: ignore[arg-type]
+        return _act(chunk * p + rank, kind, micro_batch)  # type: ignore[arg-type]
 
     order: Schedule = {}
     for r in range(p):
@@ -148,16 +152,16 @@ def zb_h1(p: int, m: int) -> Schedule:
     order: Schedule = {}
     for r in range(p):
         warmup = min(p - r - 1, m)
-        ops: list[Action | None] = [Action(r, "F", j) for j in range(warmup)]
+        ops: list[Action | None] = [_act(r, "F", j) for j in range(warmup)]
         next_w = 0
         for j in range(m):
             if j < m - warmup:
-                ops.append(Action(r, "F", warmup + j))
-            ops.append(Action(r, "I", j))
+                ops.append(_act(r, "F", warmup + j))
+            ops.append(_act(r, "I", j))
             if j >= r:
-                ops.append(Action(r, "W", next_w))
+                ops.append(_act(r, "W", next_w))
                 next_w += 1
-        ops += [Action(r, "W", j) for j in range(next_w, m)]
+        ops += [_act(r, "W", j) for j in range(next_w, m)]
         order[r] = ops
     return order
 

@@ -27,6 +27,18 @@ def test_str_is_stage_kind_micro_batch() -> None:
 
 
 @given(st.integers(0, 999), st.sampled_from("FBIW"), st.integers(0, 999))
+def test_a_trusted_action_is_the_checked_one(stage: int, kind: str, micro_batch: int) -> None:
+    """`Action.trusted` (schedule generators) makes the same value as the checked
+    constructor: equal, same hash, order and text, and just as frozen."""
+    checked = Action(stage, kind, micro_batch)  # type: ignore[arg-type]
+    trusted = Action.trusted(stage, kind, micro_batch)  # type: ignore[arg-type]
+    assert trusted == checked and hash(trusted) == hash(checked) and str(trusted) == str(checked)
+    assert not trusted < checked and not checked < trusted
+    with pytest.raises(AttributeError):
+        trusted.stage = 1  # type: ignore[misc]
+
+
+@given(st.integers(0, 999), st.sampled_from("FBIW"), st.integers(0, 999))
 def test_parse_inverts_str(stage: int, kind: str, micro_batch: int) -> None:
     """`Action.parse(str(a)) == a` for every action, and `str(parse(s)) == s`."""
     action = Action(stage, kind, micro_batch)  # type: ignore[arg-type]
