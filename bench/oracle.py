@@ -43,8 +43,9 @@ The process keeps freed memory for reuse as `sim` does at start-up (simulator/ma
 ``--glibc-defaults`` leaves malloc alone); the issue-day process runs with glibc's defaults, as
 the code of that day did.
 
-Usage: ``python bench/oracle.py [--quick] [--json] [--issue-day COMMIT|none] [--glibc-defaults]``
-(``--quick``: shorter streams, no unfolded case).
+Usage: ``python bench/oracle.py [--quick] [--json] [--issue-day COMMIT|none] [--rounds N]
+[--glibc-defaults]`` (``--quick``: shorter streams, no unfolded case; ``--rounds N``: the
+issue-day and alone processes N times each, taking turns, each side's least CPU time kept).
 """
 
 from __future__ import annotations
@@ -326,6 +327,12 @@ def _own_process(streams: list[tuple[str, tuple[str, str, int, float | None], li
     return {r["name"]: r["cpu_s"] for r in out["streams"] if not r["errors"]}
 
 
+def _keep_least(into: dict[str, float], got: dict[str, float] | None) -> None:
+    """Fold one round's CPU seconds per stream into `into`, keeping each stream's least."""
+    for name, seconds in (got or {}).items():
+        into[name] = min(seconds, into.get(name, math.inf))
+
+
 def _timed(label: str, fn: Callable[[], Any]) -> Any:
     t0 = time.perf_counter()
     out = fn()
@@ -387,10 +394,15 @@ def main() -> None:
     parser.add_argument("--issue-day", default=ISSUE_DAY, metavar="COMMIT",
                         help=f"commit whose Oracle is the issue's baseline (default {ISSUE_DAY};"
                              " 'none' skips it)")
+    parser.add_argument("--rounds", type=int, default=1, metavar="N",
+                        help="time the issue-day and alone processes N times each, taking "
+                             "turns, and keep each one's least CPU time (default 1)")
     parser.add_argument("--glibc-defaults", action="store_true",
                         help="leave glibc malloc's thresholds alone (sim raises them at start-up: "
                              "simulator/malloc_tuning.py)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: must be at least 1")
     if not args.glibc_defaults:
         from trainsim.simulator.malloc_tuning import keep_freed_memory
 
@@ -416,13 +428,14 @@ def main() -> None:
     report["issue_day_commit"] = args.issue_day
     report["streams"], day, own = [], {}, {}
     for name, case, plans in streams:
-        if args.issue_day != "none":
-            got = _timed(f"{name}: issue day",
-                         lambda s=(name, case, plans): issue_day([s], args.issue_day))
-            day.update(got or {})
+        for _ in range(args.rounds):
+            if args.issue_day != "none":
+                got = _timed(f"{name}: issue day",
+                             lambda s=(name, case, plans): issue_day([s], args.issue_day))
+                _keep_least(day, got)
             got = _timed(f"{name}: alone", lambda s=(name, case, plans): alone(
                 [s], keep_memory=not args.glibc_defaults))
-            own.update(got or {})
+            _keep_least(own, got)
         report["streams"].append(_timed(name, lambda n=name, c=case, p=plans: compare(n, c, p)))
     report["issue_day"] = day or None
     report["alone"] = own or None
