@@ -112,3 +112,42 @@ def test_columnar_validation_gives_the_object_message(change: dict, message: str
     with pytest.raises(SimulationError, match=message):
         Program(num_ranks=2, tasks=[tasks[0], bad], link_bandwidth_bytes_per_s={"l": 1.0}
                 ).validate()
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_add_per_rank_appends_the_rows_add_would(chunked: bool) -> None:
+    """`add_per_rank` (one single-rank task per rank, shared deps) builds the same table as
+    `add` called rank by rank, ids included, after stamped chunks too; lengths must agree."""
+    from trainsim.workloads.lowering.chunks import ChunkedBuilder
+
+    def builder() -> TaskTableBuilder:
+        b = ChunkedBuilder() if chunked else TaskTableBuilder()
+        name, kind, stream = b.name_template("a%d"), b.kind("compute"), b.stream("compute")
+        first = b.add(name, 0, kind, stream, (0,), 1.0, 0.0, (), (), 0.0, 0.0, 5.0, math.nan,
+                      0, 0, 0, 0)
+        if chunked:
+            one = {k: np.asarray(getattr(b, k)[-1:]) for k in (
+                "name_code", "name_arg", "kind_code", "stream_code", "member_count",
+                "link_count", "dep_count", "duration_s", "comm_bytes", "mem_alloc_bytes",
+                "mem_free_bytes", "power_w", "freq_mhz", "micro_batch", "stage",
+                "first_layer", "last_layer")}
+            b.append_chunk({**one, "dep_count": np.array([1]), "member_rank": np.array([1]),
+                            "link_idx": np.zeros(0), "dep_idx": np.array([first])})
+        return b
+
+    ranks, times, powers, clocks = (2, 0, 3), [0.5, 0.25, 0.125], [10.0, 20.0, 30.0], \
+        [1410.0, math.nan, 900.0]
+    one_by_one, bulk = builder(), builder()
+    ids = [one_by_one.add(0, 7, 0, 0, (r,), t, 0.0, (), (0, 1), 64.0, 32.0, w, f, 7, 1, 2, 3)
+           for r, t, w, f in zip(ranks, times, powers, clocks)]
+    assert bulk.add_per_rank(0, 7, 0, 0, ranks, times, (0, 1), 64.0, 32.0, powers, clocks,
+                             7, 1, 2, 3) == ids
+    a, b = one_by_one.build(), bulk.build()
+    for column in ("name_code", "name_arg", "kind_code", "stream_code", "member_ptr",
+                   "member_rank", "link_ptr", "link_idx", "dep_ptr", "dep_idx", "duration_s",
+                   "comm_bytes", "mem_alloc_bytes", "mem_free_bytes", "power_w", "freq_mhz",
+                   "micro_batch", "stage", "first_layer", "last_layer"):
+        np.testing.assert_array_equal(getattr(a, column), getattr(b, column), err_msg=column)
+    with pytest.raises(ValueError, match="3 ranks but 2 durations"):
+        builder().add_per_rank(0, 0, 0, 0, ranks, times[:2], (), 0.0, 0.0, powers, clocks,
+                               0, 0, 0, 0)
