@@ -413,42 +413,6 @@ class TaskTableBuilder:
         self.last_layer.append(last_layer)
         return tid
 
-    def add_per_rank(self, name: int, arg: int, kind: int, stream: int, ranks: Sequence[int],
-                     durations_s: Sequence[float], deps: Sequence[int], alloc_bytes: float,
-                     free_bytes: float, powers_w: Sequence[float],
-                     freqs_mhz: Sequence[float], micro_batch: int, stage: int,
-                     first_layer: int, last_layer: int) -> list[int]:
-        """One task per rank of `ranks` (the r-th with `durations_s[r]`, `powers_w[r]`,
-        `freqs_mhz[r]`; no links, no bytes moved, the same deps): the rows `add` would append
-        one by one, appended column by column (an unfolded stage's compute is thousands of
-        them). Returns their ids."""
-        n = len(ranks)
-        if not len(durations_s) == len(powers_w) == len(freqs_mhz) == n:
-            raise ValueError(f"add_per_rank: {n} ranks but {len(durations_s)} durations, "
-                             f"{len(powers_w)} powers and {len(freqs_mhz)} clocks")
-        tid = len(self.kind_code)
-        deps = tuple(deps)
-        self.name_code.extend([name] * n)
-        self.name_arg.extend([arg] * n)
-        self.kind_code.extend([kind] * n)
-        self.stream_code.extend([stream] * n)
-        self.member_count.extend([1] * n)
-        self.member_rank.extend(ranks)
-        self.link_count.extend([0] * n)
-        self.dep_count.extend([len(deps)] * n)
-        self.dep_idx.extend(deps * n)
-        self.duration_s.extend(durations_s)
-        self.comm_bytes.extend([0.0] * n)
-        self.mem_alloc_bytes.extend([alloc_bytes] * n)
-        self.mem_free_bytes.extend([free_bytes] * n)
-        self.power_w.extend(powers_w)
-        self.freq_mhz.extend(freqs_mhz)
-        self.micro_batch.extend([micro_batch] * n)
-        self.stage.extend([stage] * n)
-        self.first_layer.extend([first_layer] * n)
-        self.last_layer.extend([last_layer] * n)
-        return list(range(tid, tid + n))
-
     def add_dep(self, task: int, dep: int) -> None:
         """Add a dep to an existing task, after the deps it already has."""
         self.late_owner.append(task)

@@ -49,10 +49,6 @@ class ChunkedBuilder(TaskTableBuilder):
         """`TaskTableBuilder.add`; the id counts the chunks' rows."""
         return super().add(*args, **kwargs) + self.stamped
 
-    def add_per_rank(self, *args: Any, **kwargs: Any) -> list[int]:
-        """`TaskTableBuilder.add_per_rank`; the ids count the chunks' rows."""
-        return [tid + self.stamped for tid in super().add_per_rank(*args, **kwargs)]
-
     def append_chunk(self, columns: dict[str, np.ndarray]) -> None:
         """Append rows given as every column of `ROW_COLUMNS` and `FLAT_COLUMNS` (ids in
         `dep_idx` global). Every list must be as long as the rows added so far."""

@@ -628,7 +628,7 @@ class _Lowering:
         k, j = a.stage, a.micro_batch
         n = len(per_bucket)
         meta = (j, k, blk.first_layer, blk.last_layer)
-        emit, per_rank = self.comm.emit_planned, self.b.add_per_rank
+        add, emit = self.b.add, self.comm.emit_planned
         waits: list[tuple[int, str, int]] = []
         if a.kind == "F" and k > 0:
             waits.append((k, "F", j))
@@ -650,9 +650,10 @@ class _Lowering:
             r = blk.recompute
             for i, u in enumerate(uids):
                 deps = tuple(last[u])
-                rids = per_rank(r.name, j, r.kind, self.compute_stream, blk.units[i][0],
-                                r.times[i], deps, r.alloc, 0.0, r.powers[i], blk.freqs[i], j,
-                                k, meta[2], meta[3])
+                rids = [add(r.name, j, r.kind, self.compute_stream, (p,), t, 0.0, (),
+                            deps, r.alloc, 0.0, pw, f, j, k, meta[2], meta[3])
+                        for p, f, t, pw in zip(blk.units[i][0], blk.freqs[i], r.times[i],
+                                               r.powers[i])]
                 self._note_compute(blk.units[i][0], rids)
                 patch.extend((rid, (*key, u)) for rid in rids for key in waits)
                 if r.op_needs is not None:
@@ -675,9 +676,9 @@ class _Lowering:
                 deps = tuple(ids)
                 alloc = m.alloc if bucket == 0 else 0.0
                 fr = free if bucket == n - 1 else 0.0
-                ids = per_rank(m.names[bucket], j, m.kind, self.compute_stream, prog,
-                               m.times[i], deps, alloc, fr, m.powers[i], blk.freqs[i], j, k,
-                               meta[2], meta[3])
+                ids = [add(m.names[bucket], j, m.kind, self.compute_stream, (p,), t, 0.0,
+                           (), deps, alloc, fr, pw, f, j, k, meta[2], meta[3])
+                       for p, f, t, pw in zip(prog, blk.freqs[i], m.times[i], m.powers[i])]
                 if bucket == 0 and waits:
                     patch.extend((tid, (*key, u)) for tid in ids for key in waits)
                 for p, tid in zip(prog, ids):
@@ -781,9 +782,8 @@ class _Lowering:
             return
         b = self.b
         name, code = b.name_template(f"s{k}.{kind}%d.tp_wait"), b.kind("wait")
-        n = len(prog)
-        ids = b.add_per_rank(name, j, code, self.compute_stream, prog, [0.0] * n, tuple(tail),
-                             0.0, 0.0, [0.0] * n, [math.nan] * n, j, k, meta[2], meta[3])
+        ids = [b.add(name, j, code, self.compute_stream, (p,), 0.0, 0.0, (), tuple(tail),
+                     0.0, 0.0, 0.0, math.nan, j, k, meta[2], meta[3]) for p in prog]
         self._note_compute(prog, ids)
 
     def _tp_plan(self, needs: tuple[CommNeed, ...], s: int, prog: tuple[int, ...],
