@@ -145,11 +145,9 @@ class SlotMap(dict[Any, Any]):
     def _clashes(self, prefix: Hashable, js: np.ndarray) -> bool:
         """Whether some (`prefix`, j) is in the dict already, or `js` repeats a j."""
         in_dict = self._in_dict.get(prefix)
-        if in_dict and _member(js, in_dict).any():
+        if in_dict and not in_dict.isdisjoint(js.tolist()):
             return True
-        if len(js) < 2 or bool((js[1:] > js[:-1]).all()):  # increasing (a run's): no repeat
-            return False
-        return int(np.bincount(js).max()) > 1
+        return len(js) > 1 and int(np.bincount(js).max()) > 1
 
     def put(self, prefix: Hashable, js: np.ndarray, values: np.ndarray) -> None:
         """Entries (`prefix`, j) = value in the array (none of them may be in the dict)."""
