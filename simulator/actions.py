@@ -66,8 +66,8 @@ class Action:
     @classmethod
     def trusted(cls, stage: int, kind: ActionKind, micro_batch: int) -> Action:
         """An Action from fields a schedule generator's own loops make (non-negative ints, a
-        kind of ACTION_KINDS), without `__post_init__`'s checks: they cost two thirds of
-        building 1F1B for 16 stages and 192 micro-batches (6,144 actions)."""
+        kind of ACTION_KINDS), without `__post_init__`'s checks: they cost over half of
+        building 1F1B for 16 stages and 192 micro-batches (6,144 actions: 6.6 ms, 2.7 without)."""
         action = object.__new__(cls)
         object.__setattr__(action, "stage", stage)
         object.__setattr__(action, "kind", kind)
