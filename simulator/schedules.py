@@ -29,13 +29,13 @@ from trainsim.simulator.actions import (
     read_schedule_csv,
     validate_schedule,
 )
+from trainsim.simulator.cyclic_schedule import capped_cyclic, parse_cyclic_name, wait_free_cyclic
+from trainsim.simulator.schedule_dryrun import DryRun, dry_run, peak_in_flight, unit_time_makespan
+from trainsim.simulator.torch_schedules import from_torch, resolve_class_name
 
 _act = Action.trusted
 """The generators below make their actions from `_check_sizes`-checked sizes and their own
 loops, so they skip `Action`'s checks."""
-from trainsim.simulator.cyclic_schedule import capped_cyclic, parse_cyclic_name, wait_free_cyclic
-from trainsim.simulator.schedule_dryrun import DryRun, dry_run, peak_in_flight, unit_time_makespan
-from trainsim.simulator.torch_schedules import from_torch, resolve_class_name
 
 __all__ = [
     "DryRun", "ScheduleBuilder", "dry_run", "explicit", "get_schedule", "gpipe",

@@ -259,7 +259,7 @@ class CommLowering:
         """(needs, copies) -> link loads, and ("used", needs, signature) -> the links one copy
         uses; shared like `_phase_cache`."""
         self._template_cache: dict[tuple[tuple[Need, ...], Hashable], Template] = {}
-        self._named_cache: dict[Hashable, NamedTemplate] | None = None
+        self._named_cache: dict[Hashable, NamedTemplate] = {}
         """(needs, copies) -> `NamedTemplate`: a `LoweringCache` shares it between lowerings
         (lower.py assigns it), so each lowering only turns link ids into its builder's codes."""
 
@@ -387,12 +387,10 @@ class CommLowering:
         cache_key = (chain, key) if key is not None else (chain, tuple(copies))
         template = self._template_cache.get(cache_key)
         if template is None:
-            shared, full = self._named_cache, (chain, tuple(copies))
-            named = shared.get(full) if shared is not None else None
+            full = (chain, tuple(copies))
+            named = self._named_cache.get(full)
             if named is None:
-                named = self._named_template(*full)
-                if shared is not None:
-                    shared[full] = named
+                named = self._named_cache[full] = self._named_template(*full)
             template = self._template_cache[cache_key] = self._coded(named)
         return template
 
