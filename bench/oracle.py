@@ -51,11 +51,12 @@ issue-day and alone processes N times each, taking turns, each side's least CPU 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 ISSUE_DAY = "483690e"
@@ -253,11 +254,11 @@ def unfolded() -> dict[str, Any]:
     return row
 
 
-def issue_day(streams: list[tuple[str, tuple[str, str, int, float | None], list[Any]]],
-              commit: str) -> dict[str, float] | None:
-    """CPU seconds of commit `commit`'s Oracle on each stream (bench/oracle_baseline.py, in a
-    process of its own on an export of that commit); None, with a line saying why, where the
-    export or the run fails (no git history, say)."""
+@contextlib.contextmanager
+def issue_day(commit: str) -> Iterator[str | None]:
+    """A folder holding commit `commit` exported as package ``trainsim`` (``git archive``), for
+    `own_process`; None, with a line saying why, where the export fails (no git history, say).
+    Exported once a run, however many streams and rounds time it."""
     import io
     import subprocess
     import tarfile
@@ -270,18 +271,19 @@ def issue_day(streams: list[tuple[str, tuple[str, str, int, float | None], list[
     if archive.returncode:
         print(f"  [issue-day baseline skipped: git archive {commit}: "
               f"{archive.stderr.decode().strip()}]")
-        return None
+        yield None
+        return
     with tempfile.TemporaryDirectory(prefix="trainsim-issue-day-") as tmp:
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(Path(tmp, "trainsim"), filter="data")
-        return _own_process(streams, tmp, f"issue-day baseline ({commit})")
+        yield tmp
 
 
-def alone(streams: list[tuple[str, tuple[str, str, int, float | None], list[Any]]],
-          keep_memory: bool) -> dict[str, float] | None:
-    """CPU seconds of this tree's Oracle on each stream, timed exactly as the issue-day
-    baseline is: bench/oracle_baseline.py in a process of its own, one pass over the stream
-    with the garbage collector off (`keep_memory`: freed memory kept, as `sim` does).
+@contextlib.contextmanager
+def this_tree() -> Iterator[str]:
+    """A folder whose ``trainsim`` is this tree (a link), for `own_process`: the "alone" side,
+    this tree's new Oracle timed exactly as the issue-day baseline is (bench/oracle_baseline.py
+    in a process of its own, one pass over the stream, the garbage collector off).
 
     The in-process new side (`compare`) takes turns with the old one plan by plan, so each of
     its evaluations starts with the caches the old side left: a fair old/new ratio, but not
@@ -293,13 +295,14 @@ def alone(streams: list[tuple[str, tuple[str, str, int, float | None], list[Any]
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="trainsim-alone-") as tmp:
         Path(tmp, "trainsim").symlink_to(root, target_is_directory=True)
-        return _own_process(streams, tmp, "this tree alone", keep_memory=keep_memory)
+        yield tmp
 
 
-def _own_process(streams: list[tuple[str, tuple[str, str, int, float | None], list[Any]]],
-                 path: str, label: str, *, keep_memory: bool = False) -> dict[str, float] | None:
-    """Run bench/oracle_baseline.py on `streams` with the trainsim package found under `path`:
-    CPU seconds per stream, or None (with a line saying why) if the run fails."""
+def own_process(streams: list[tuple[str, tuple[str, str, int, float | None], list[Any]]],
+                path: str, label: str, *, keep_memory: bool = False) -> dict[str, float] | None:
+    """Run bench/oracle_baseline.py on `streams` with the trainsim package found under `path`
+    (`issue_day`, `this_tree`): CPU seconds per stream, or None (with a line saying why) if the
+    run fails (`keep_memory`: freed memory kept, as `sim` does)."""
     import os
     import subprocess
     import sys
@@ -427,16 +430,19 @@ def main() -> None:
     # change of the machine's speed meets all three alike
     report["issue_day_commit"] = args.issue_day
     report["streams"], day, own = [], {}, {}
-    for name, case, plans in streams:
-        for _ in range(args.rounds):
-            if args.issue_day != "none":
-                got = _timed(f"{name}: issue day",
-                             lambda s=(name, case, plans): issue_day([s], args.issue_day))
-                _keep_least(day, got)
-            got = _timed(f"{name}: alone", lambda s=(name, case, plans): alone(
-                [s], keep_memory=not args.glibc_defaults))
-            _keep_least(own, got)
-        report["streams"].append(_timed(name, lambda n=name, c=case, p=plans: compare(n, c, p)))
+    with (issue_day(args.issue_day) if args.issue_day != "none"
+          else contextlib.nullcontext(None)) as day_root, this_tree() as own_root:
+        for name, case, plans in streams:
+            for _ in range(args.rounds):
+                if day_root is not None:
+                    got = _timed(f"{name}: issue day", lambda s=(name, case, plans): own_process(
+                        [s], day_root, f"issue-day baseline ({args.issue_day})"))
+                    _keep_least(day, got)
+                got = _timed(f"{name}: alone", lambda s=(name, case, plans): own_process(
+                    [s], own_root, "this tree alone", keep_memory=not args.glibc_defaults))
+                _keep_least(own, got)
+            report["streams"].append(_timed(name, lambda n=name, c=case, p=plans: compare(
+                n, c, p)))
     report["issue_day"] = day or None
     report["alone"] = own or None
     if not quick:
