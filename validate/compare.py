@@ -227,18 +227,26 @@ def grad_copy(trace: MeasuredTrace) -> tuple[float, Callable[[float], float] | N
 
 
 def binding_warning(trace: MeasuredTrace, db: ProfileDB) -> str | None:
-    """A line when the trace's CPU workers were bound to CPUs otherwise than the profile's
-    (validate/devices.py `worker_cores`; files without ``cpu_binding`` predate it and ran
-    unbound): the profile then describes other conditions than the trace ran under. None when
-    they match or the trace is not a CPU run."""
+    """A line when the trace's CPU workers ran bound to CPUs and the profile's did not, or the
+    other way round (validate/devices.py `worker_cores`): the profile then describes other
+    conditions than the trace ran under. Files without ``cpu_binding`` predate it and ran
+    unbound, as does a file that says "none ..." (`devices.cpu_binding(None)`); which CPUs a
+    bound run used does not matter (one core per worker either way). None when both ran alike
+    or the trace is not a CPU run."""
     if trace.machine.get("device") != "cpu":
         return None
-    unbound = "not recorded (unbound)"
     ours, theirs = trace.machine.get("cpu_binding"), db.meta.get("cpu_binding")
-    if ours == theirs:
+    if _bound(ours) == _bound(theirs):
         return None
+    unbound = "not recorded (unbound)"
     return (f"CPU binding differs: trace {ours or unbound}, profile {theirs or unbound}; "
             f"runs differ with it (TP2: 136-140 ms unbound, 110-122 bound; validate/devices.py)")
+
+
+def _bound(recorded: object) -> bool:
+    """Whether a ``cpu_binding`` field says the workers were bound (absent or "none ...":
+    unbound)."""
+    return bool(recorded) and not str(recorded).startswith("none")
 
 
 def idle_s(tasks: Any, rank: int) -> float:

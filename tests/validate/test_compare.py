@@ -6,6 +6,8 @@ simulator only (about a second), no torch workers.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from trainsim.validate.compare import compare, format_report, idle_s
@@ -255,3 +257,23 @@ def test_a_profile_recorded_under_another_cpu_binding_is_named(db, traces_dir, c
     assert c.to_dict()["warnings"] == list(c.warnings)
     assert format_report(c).splitlines()[-1] == f"warning: {c.warnings[0]}"
     assert "warnings" not in compare(trace, db).to_dict()
+
+
+def test_unbound_runs_agree_however_they_say_so(db, traces_dir) -> None:
+    """A trace that says it ran unbound ("none ...", `devices.cpu_binding(None)`) against a
+    profile without the field (unbound, before the field existed) ran alike: no warning. Bound
+    runs on other CPUs ran alike too; bound against unbound still warns."""
+    from trainsim.validate.devices import cpu_binding
+
+    trace = MeasuredTrace.load(traces_dir / "tiny-gpt-tp2.json")
+    no_field = {k: v for k, v in db.meta.items() if k != "cpu_binding"}
+
+    def warns(trace_binding: str, profile_meta: dict) -> bool:
+        t = dataclasses.replace(trace, machine={**trace.machine, "cpu_binding": trace_binding})
+        return bool(compare(t, ProfileDB(meta=profile_meta, rows=db.rows)).warnings)
+
+    assert not warns(cpu_binding(None), no_field)
+    assert not warns(cpu_binding(None), {**db.meta, "cpu_binding": cpu_binding(None)})
+    assert not warns(cpu_binding([3, 7]), {**db.meta, "cpu_binding": cpu_binding([0, 1])})
+    assert warns(cpu_binding([0, 1]), {**db.meta, "cpu_binding": cpu_binding(None)})
+    assert warns(cpu_binding(None), {**db.meta, "cpu_binding": cpu_binding([0, 1])})
