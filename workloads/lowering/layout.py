@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from trainsim.errors import PlanError, TrainsimError
 from trainsim.hwmodels.cluster import Cluster, NodeGroup
@@ -92,7 +92,10 @@ def stage_layout(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
     """
     plan.check(model, cluster)
     opt = options or DEFAULT_OPTIONS
-    if cache is not None:
+    if plan.cp > 1:  # what `lower` runs: dp·cp replicas of seq/cp tokens, no shared cache
+        model, plan = context_parallel_inner(model, cluster, plan)
+        cache = None
+    elif cache is not None:
         cache.bind(model, cluster, opt)
     low = LoweringLayout(model, cluster, plan, opt, cache)
     key = low.mb_key(0)
@@ -103,6 +106,22 @@ def stage_layout(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
         stage_gpu_ranks=tuple(tuple(r) for r in low.stage_gpu_ranks),
         micro_batch_shapes=tuple((mb.batch_size, mb.seq_len) for mb in low.micro_batches),
         folded=low.fold, costs=costs)
+
+
+def context_parallel_inner(model: ModelSpec, cluster: Cluster, plan: ParallelPlan
+                           ) -> tuple[ModelSpec, ParallelPlan]:
+    """The model and plan a context-parallel plan (cp > 1) runs as: dp·cp replicas that each
+    run seq/cp tokens of every sample, through a graph whose self attention reads the whole
+    sequence's keys (`ModelSpec.context_parallel`). Placement (cp between dp and tp, as
+    torchtitan's device mesh), the gradient reduction over dp·cp and ZeRO sharding over dp·cp
+    follow from the replicas. `lower` and `stage_layout` both use it, so planners' costs and
+    bounds (search/bound.py) are those of the lowered program."""
+    seq = plan.seq_len or model.seq_len
+    inner = plan.replace(dp=plan.dp * plan.cp, cp=1, seq_len=seq // plan.cp,
+                         global_batch=cast(int, plan.global_batch) * plan.cp)
+    ring = dataclasses.replace(model, context_parallel=plan.cp)
+    inner.check(ring, cluster)
+    return ring, inner
 
 
 def partition_layers(graph: ModelGraph, counts: tuple[int, ...], embedding_and_head: bool = True

@@ -46,7 +46,6 @@ turns it off.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -77,6 +76,7 @@ from trainsim.workloads.lowering.layout import (
     MbKey,
     ScheduleGroup,
     Unit,
+    context_parallel_inner,
     key_of,
 )
 from trainsim.workloads.lowering.options import DEFAULT_OPTIONS, LoweringOptions
@@ -174,20 +174,13 @@ def lower(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
 def _context_parallel(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
                       options: LoweringOptions) -> Program:
     """A context-parallel plan lowers as dp·cp replicas that each run seq/cp tokens of every
-    sample, through a graph whose self attention reads the whole sequence's keys
-    (`ModelSpec.context_parallel`). Placement (cp between dp and tp, as torchtitan's device
-    mesh), the gradient reduction over dp·cp and ZeRO sharding over dp·cp follow from the
-    replicas; the program states the plan as given.
+    sample (`context_parallel_inner`); the program states the plan as given.
 
     The ring's key/value exchange is not emitted: ring attention (torchtitan, Transformer
     Engine) overlaps each step's transfer with the previous chunk's attention kernel, which at
     the sequence lengths context parallelism is used for takes longer (assumed hidden).
     """
-    seq = plan.seq_len or model.seq_len
-    inner = plan.replace(dp=plan.dp * plan.cp, cp=1, seq_len=seq // plan.cp,
-                         global_batch=cast(int, plan.global_batch) * plan.cp)
-    ring = dataclasses.replace(model, context_parallel=plan.cp)
-    inner.check(ring, cluster)
+    ring, inner = context_parallel_inner(model, cluster, plan)
     return _Lowering(ring, cluster, inner, options, stated=plan).build()
 
 
