@@ -757,16 +757,20 @@ class ParallelPlan:
                 if n > have:
                     raise PlanError(f"plan.placement puts {n} GPUs on node group {g} "
                                     f"which has {have}")
+        # The plan-wide clock runs on every GPU type. A stage's or an instruction's clock runs
+        # on its stage's GPUs, known once stages are placed: the lowering checks those
+        # (workloads/lowering/layout.py `_check_stage_clocks`); here, some GPU type must run it.
+        firsts = [sum(_group_gpus(g) for g in groups[:i]) for i in range(len(groups))]
+        types = list({gpu.name: gpu for gpu in map(cluster.gpu, firsts)}.values())
         for f in [self.freq_mhz, *(self.stage_freq_mhz or ()),
                   *(v for _, v in self.instruction_freq_mhz)]:
             if f is None:
                 continue
-            for rank in (0, cluster.num_gpus - 1):
-                gpu = cluster.gpu(rank)
-                lo, hi = gpu.sm_clock_min_mhz, gpu.sm_clock_max_mhz
-                if not lo <= f <= hi:
-                    raise PlanError(f"plan frequency {f:g} MHz is outside {gpu.name}'s SM clock "
-                                    f"range {lo:g}–{hi:g} MHz")
+            misfits = [g for g in types if not g.sm_clock_min_mhz <= f <= g.sm_clock_max_mhz]
+            if misfits and (f == self.freq_mhz or len(misfits) == len(types)):
+                gpu = misfits[0]
+                raise PlanError(f"plan frequency {f:g} MHz is outside {gpu.name}'s SM clock "
+                                f"range {gpu.sm_clock_min_mhz:g}–{gpu.sm_clock_max_mhz:g} MHz")
 
     def _check_node_order(self, groups: list[Any]) -> None:
         """`node_order` is a permutation of the cluster's nodes, alone (not with placement)."""

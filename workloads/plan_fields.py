@@ -63,6 +63,15 @@ def _action_key(name: str, key: str) -> str:
                     f"e.g. '2B3'")
 
 
+def action_stage(key: str) -> int:
+    """The (virtual) stage an action key names ("2F3" -> 2); the key was checked
+    (`_action_key`)."""
+    found = _ACTION_KEY.match(key.strip())
+    if found is None:
+        raise PlanError(f"{key!r} is not an action like '2F3'")
+    return int(found.group(1))
+
+
 def _items(name: str, value: Any, expected: str) -> tuple[Any, ...]:
     """A list/tuple (any ordered iterable but a string or a mapping) as a tuple."""
     if isinstance(value, _NOT_LISTS) or not isinstance(value, Iterable):

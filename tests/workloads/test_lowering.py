@@ -384,3 +384,26 @@ def test_zero_stages_never_raise_peak_memory() -> None:
         peaks.append(run_simpy(lower(model, cluster, plan)).peak_memory_bytes)
     assert peaks == sorted(peaks, reverse=True)
     assert peaks[3] < peaks[2] < peaks[1] < peaks[0]
+
+
+def test_stage_clocks_on_a_mixed_cluster_are_checked_against_their_stages_gpus() -> None:
+    """Stages 2-3 land on the A10s (node groups fill fastest first), so their A10 clock is
+    accepted; the same clock on an A100 stage, or a plan-wide clock one GPU type cannot run,
+    is refused naming the field and the GPU."""
+    spec, hw = get_model("gpt3-1.3b"), parse_cluster("1x4xA100-SXM4-40GB+1x4xA10")
+    fields = {"dp": 2, "pp": 4, "micro_batch_size": 1, "global_batch": 16}
+    a10_max = float(hw.gpu(hw.num_gpus - 1).sm_clock_max_mhz)
+    ok = ParallelPlan.build(spec, hw, **fields, stage_freq_mhz=(1410.0, 1410.0, a10_max, a10_max))
+    prog = lower(spec, hw, ok)
+    assert prog.info.plan["stage_freq_mhz"] == [1410.0, 1410.0, a10_max, a10_max]
+    bad = ParallelPlan.build(spec, hw, **fields, stage_freq_mhz=(a10_max, 1410.0, 1410.0, 1410.0))
+    with pytest.raises(PlanError, match=r"plan.stage_freq_mhz\[0\]=1695 MHz is outside "
+                                        r"A100-SXM4-40GB's SM clock range .*stage 0 runs on"):
+        lower(spec, hw, bad)
+    with pytest.raises(PlanError, match=r"1695 MHz is outside A100-SXM4-40GB's SM clock range"):
+        ParallelPlan.build(spec, hw, **fields, freq_mhz=a10_max)
+    with pytest.raises(PlanError, match=r"outside .*SM clock range"):
+        ParallelPlan.build(spec, hw, **fields, stage_freq_mhz=(1410.0, 1410.0, 1410.0, 3000.0))
+    by_action = ParallelPlan.build(spec, hw, **fields, instruction_freq_mhz={"0F1": a10_max})
+    with pytest.raises(PlanError, match=r"instruction_freq_mhz\['0F1'\]=1695 MHz"):
+        lower(spec, hw, by_action)

@@ -24,6 +24,7 @@ from trainsim.workloads.model import Layer, ModelGraph, ModelSpec, build_graph
 from trainsim.workloads.op_parallel import stage_op_degrees
 from trainsim.workloads.op_work import InstructionCosts, Work
 from trainsim.workloads.plan import MicroBatch, ParallelPlan
+from trainsim.workloads.plan_fields import action_stage
 from trainsim.workloads.stage_costs import instruction_costs, optimizer_bytes_per_param
 
 MbKey = tuple[int, int, int]
@@ -164,6 +165,7 @@ class LoweringLayout:
         self.order = self._schedule()
         self.stage_to_rank = self._stage_map() if plan.num_stages > 1 else {0: 0}
         self._check_stage_map()
+        self._check_stage_clocks()
         self.graphs: dict[MbKey, ModelGraph] = {} if cache is None else cache.graphs
         self._costs: dict[tuple[int, MbKey, float | None, str], InstructionCosts] = {}
         self._tp_groups: dict[int, list[tuple[int, ...]]] = {}
@@ -197,6 +199,25 @@ class LoweringLayout:
             self.represents = [(r,) for r in range(cluster.num_gpus)]
         self.rank_stage = {r: s for s, ranks in enumerate(self.stage_gpu_ranks) for r in ranks}
         self.schedule_groups = self._schedule_groups()
+
+    def _check_stage_clocks(self) -> None:
+        """Each per-stage and per-instruction clock within the SM clock range of every GPU type
+        its stage runs on (on a mixed cluster, the plan's own check only asks that some GPU
+        type runs it: which stage lands on which GPUs is known only here)."""
+        plan = self.plan
+        checks = [(f"plan.stage_freq_mhz[{s}]", s, f)
+                  for s, f in enumerate(plan.stage_freq_mhz or ())]
+        for key, f in plan.instruction_freq_mhz:
+            vstage = action_stage(key)
+            if vstage < plan.num_stages:  # a key for another stage count applies to none
+                checks.append((f"plan.instruction_freq_mhz[{key!r}]", self.phys_stage(vstage), f))
+        for field, phys, f in checks:
+            for gpu in {self.cluster.gpu(r).name: self.cluster.gpu(r)
+                        for r in self.stage_gpu_ranks[phys]}.values():
+                lo, hi = gpu.sm_clock_min_mhz, gpu.sm_clock_max_mhz
+                if not lo <= f <= hi:
+                    raise PlanError(f"{field}={f:g} MHz is outside {gpu.name}'s SM clock range "
+                                    f"{lo:g}–{hi:g} MHz (stage {phys} runs on {gpu.name})")
 
     def _micro_batch_list(self) -> tuple[MicroBatch, ...]:
         """`plan.micro_batch_list`, shared between lowerings when uniform (the same frozen
