@@ -144,7 +144,11 @@ def zb_h1(p: int, m: int) -> Schedule:
     then runs one W (oldest first) after each I, and the leftover W at the end. The deferred W
     fill the tail bubble of later ranks, so with F = I = W the bubble is about (p − 1)·(F + I − W)
     instead of 1F1B's (p − 1)·(F + B), while peak activations (held until W) stay at ``p`` micro-
-    batches on every rank -- 1F1B's peak on rank 0. This is the order torch's
+    batches on every rank -- 1F1B's peak on rank 0, counted in micro-batches. In bytes a later
+    rank can peak above 1F1B's: where its micro-batches hold more (the last stage keeps the LM
+    head's logits; under full recompute, the recomputed activations) it holds p of them, not 1.
+    The lowering frees a micro-batch's activations at its W, all of them (what the I pass alone
+    needed could go at I; not modelled). This is the order torch's
     `ScheduleInterleavedZeroBubble` generates with one stage per rank (its idle slots removed);
     tests/simulator/test_torch_schedules.py checks they agree.
     """
