@@ -46,6 +46,12 @@ SELECTIVE_POLICIES = ("megatron", "op")
 """What selective recompute drops: Megatron-LM's attention core, or torchtitan's op-level
 policy (`workloads.layer.Layer.op_sac`)."""
 
+MAX_LAYERS = 100_000
+"""Most layers (or decoder layers, or Wide-ResNet blocks) a model may have: about 800× the deepest
+published transformer (Llama 3.1 405B: 126) and 100× Aceso's 1,000-layer stress test. Lowering
+is linear in layers (`sim simulate` of a 100,000-layer GPT took 2.4 s to refuse on --max-tasks,
+a 1,000,000-layer one 18 s); at 100,000,000 it ran out of time and memory before any check."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
@@ -186,10 +192,15 @@ class ModelSpec:
                 if getattr(self, name) < 1:
                     raise bad(name, "must be >= 1")
             object.__setattr__(self, "num_layers", sum(self.blocks))
+            if self.num_layers > MAX_LAYERS:
+                raise bad("blocks", f"sum to over {MAX_LAYERS:,} blocks, the most trainsim builds")
             return
         for name in ("num_layers", "hidden", "num_heads", "vocab_size", "seq_len"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
+        for name in ("num_layers", "decoder_layers"):
+            if getattr(self, name) > MAX_LAYERS:
+                raise bad(name, f"is over {MAX_LAYERS:,}, the most trainsim builds")
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         if self.head_dim is None:

@@ -120,6 +120,7 @@ def test_malformed_yaml_names_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("extra", "field"), [
     ("numlayers: 3\n", "numlayers"), ("num_heads: '4'\n", "num_heads"),
     ("dropout: 1\n", "dropout"), ("norm: batchnorm\n", "norm"),
+    ("num_layers: 100000000\n", r"num_layers=100000000 is over 100,000"),
 ])
 def test_yaml_bad_field_is_named(tmp_path: Path, extra: str, field: str) -> None:
     """Unknown fields, wrong types and invalid values name the field."""
