@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,6 +95,14 @@ def _check_writable_dir(folder: Path, what: str, *, create: bool) -> None:
         raise SpecError(f"{what}: {str(probe)!r} is not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise SpecError(f"{what}: folder {str(probe)!r} is not writable")
+    # os.access answers from permission bits, which root passes: a file made and removed
+    # there is the real test (/proc, a read-only mount, a full quota refuse it)
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".sim-write-check-"):
+            pass
+    except OSError as exc:
+        raise SpecError(f"{what}: folder {str(probe)!r} is not writable "
+                        f"({exc.strerror or exc})") from None
 
 
 def check_new_file(path: Path | None, force: bool, what: str | None = None, *,
