@@ -344,8 +344,13 @@ def calibrate_ops(profile: str | Path | ProfileDB, gpu: str, dtype: str = "fp16"
     spec = get_gpu(gpu)
     if dtype not in spec.dtypes:
         raise SpecError(f"--dtype {dtype}: {spec.name} runs {', '.join(spec.dtypes)}")
-    fit = fit_op_efficiency(db, spec, dtype)
     where = db.meta.get("command") or "a sim profile"
+    device = db.meta.get("device")
+    if device is not None and device != "cuda":
+        raise SpecError(f"--gpu {spec.name}: the profile was measured on device {device!r} "
+                        f"({where}); calibrate a GPU from op times measured on it (sim profile "
+                        f"--device cuda, a Kineto trace of a GPU run, or bench/gpu_record.py)")
+    fit = fit_op_efficiency(db, spec, dtype)
     source = (f"sim calibrate ops: fit to {fit.rows} measured op times ({where}); op-time "
               f"MAPE {fit.mape_before:.1%} -> {fit.mape_after:.1%}, held-out "
               f"{fit.holdout_mape:.1%}")

@@ -155,6 +155,13 @@ def fit_op_efficiency(db: ProfileDB, gpu: GpuSpec, dtype: str = "fp16",
     classes = sorted({o.cls for o in ops})
     base_overhead = model.launch_overhead_s(gpu)
     scales, k_mem, overhead = _solve(ops, classes, base_overhead)
+    pinned = [(c, k) for c, k in [*scales.items(), ("memory", k_mem)]
+              if not SCALE_RANGE[0] * (1 + 1e-6) < k < SCALE_RANGE[1] * (1 - 1e-6)]
+    if pinned:
+        c, k = pinned[0]
+        raise DataFileError(f"the fitted {c} factor {k:.3g} sits at the bound of "
+                            f"[{SCALE_RANGE[0]:g}, {SCALE_RANGE[1]:g}]: these op times are not "
+                            f"of this GPU ({gpu.name}): another GPU's, or a CPU's?")
     before = {c: _mape([o for o in ops if o.cls == c], {}, 1.0, base_overhead) for c in classes}
     after = {c: _mape([o for o in ops if o.cls == c], scales, k_mem, overhead) for c in classes}
     # two folds: alternate rows within each kind, ordered by size

@@ -197,3 +197,18 @@ def test_a_trace_without_shapes_is_one_clear_line(tmp_path: Path, sim) -> None:
     code, _, stderr = sim(["calibrate", "ops", str(tmp_path / "missing.csv"), "--gpu",
                            GPU.name, "--out", str(tmp_path / "c.json")])
     assert code == 2 and "no such file" in stderr
+
+
+def test_a_cpu_profile_or_a_fit_at_a_bound_is_refused() -> None:
+    """Op times measured on a CPU, or whose fitted factors sit at the fit's bounds (times of
+    another device: a CPU runs these ops ~50x slower), are refused with one line; such a file
+    once calibrated an A100 to 1.4 % MFU."""
+    db = _synthetic_profile(TRUE)
+    cpu = ProfileDB(meta={**db.meta, "device": "cpu"}, rows=db.rows)
+    with pytest.raises(Exception, match=r"measured on device 'cpu'"):
+        api.calibrate_ops(cpu, GPU.name)
+    hundredfold = ProfileDB(meta=db.meta, rows=tuple(
+        ProfileRow(kind=r.kind, shape=r.shape, pass_=r.pass_, flops=r.flops,
+                   bytes_moved=r.bytes_moved, time_s=r.time_s * 100) for r in db.rows))
+    with pytest.raises(DataFileError, match=r"sits at the bound .* not of this GPU \(A100-SXM4-40GB\)"):
+        fit_op_efficiency(hundredfold, GPU)
