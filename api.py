@@ -547,7 +547,7 @@ def pareto(model: str | ModelSpec, gpus: Sequence[str], *, global_batch: int,
 
 def sweep(spec: str | Path | Mapping[str, Any], out: str | Path, *, executor: str = "local",
           address: str | None = None, workers: int | None = None, force: bool = False,
-          limit: int | None = None,
+          limit: int | None = None, drop_stale: bool = False,
           on_progress: Callable[[int, int], None] | None = None) -> SweepRun:
     """Run a what-if sweep (`sim sweep`): every scenario of `spec` — a YAML file, the
     built-in name "example", or the spec as a mapping (search/sweep/spec.py has the schema) —
@@ -559,10 +559,13 @@ def sweep(spec: str | Path | Mapping[str, Any], out: str | Path, *, executor: st
         address: With "ray": "auto", "HOST:PORT" of a Ray head, or None for a local instance.
         workers: Worker processes (or a local Ray instance's CPUs); the CPU count when None.
         limit: Run at most this many missing scenarios, then stop.
+        drop_stale: Drop the table's rows of scenarios `spec` no longer has (else such a
+            table is refused, unless `force`).
         on_progress: Called as (rows in the table, scenarios) after each batch.
     """
     return run_sweep(load_spec(spec), out, executor=executor, address=address,
-                     workers=workers, force=force, limit=limit, on_progress=on_progress)
+                     workers=workers, force=force, limit=limit, drop_stale=drop_stale,
+                     on_progress=on_progress)
 
 
 def sweep_report(table: str | Path, out: str | Path) -> Path:

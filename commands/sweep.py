@@ -58,13 +58,17 @@ _WORKERS = typer.Option(None, "--workers", help="Worker processes (local) or CPU
 _LIMIT = typer.Option(None, "--limit", help="Run at most this many missing scenarios, then "
                       "stop (rerun to continue).", show_default=False)
 _FORCE = typer.Option(False, "--force", help="Start over: replace an existing table.")
+_DROP_STALE = typer.Option(False, "--drop-stale", help="Drop the table's rows of scenarios "
+                           "the spec no longer has, and resume (without it such a table is "
+                           "refused).")
 
 
 @app.command("run")
 @user_errors
 def run_command(spec: str = _SPEC, out: Path = _OUT, executor: str = _EXECUTOR,
                 address: str | None = _ADDRESS, workers: int | None = _WORKERS,
-                limit: int | None = _LIMIT, force: bool = _FORCE) -> None:
+                limit: int | None = _LIMIT, force: bool = _FORCE,
+                drop_stale: bool = _DROP_STALE) -> None:
     """Run every scenario of SPEC missing from the table, and write the table."""
     check_new_file(out, True, "--out", create_parents=False)
     with counting_bar("sweep") as bar:
@@ -73,7 +77,7 @@ def run_command(spec: str = _SPEC, out: Path = _OUT, executor: str = _EXECUTOR,
             bar(done, total, "scenarios")
 
         run = api.sweep(spec, out, executor=executor, address=address, workers=workers,
-                        force=force, limit=limit, on_progress=tick)
+                        force=force, limit=limit, drop_stale=drop_stale, on_progress=tick)
     reused = f", {run.skipped} already in the table" if run.skipped else ""
     dropped = f"; dropped {run.dropped} rows no longer in the spec" if run.dropped else ""
     typer.echo(f"sweep: {run.computed} scenarios computed{reused}{dropped}; "

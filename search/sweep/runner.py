@@ -18,8 +18,10 @@ Why it is built this way:
   table is big: at least 5× the last write) by writing a temporary file beside the table and
   `os.replace`-ing it, so a sweep killed at any moment (Ctrl-C, SIGKILL, a lost machine)
   leaves a valid table of finished rows. A rerun reads it, skips every key present, and
-  computes only the missing scenarios; rows whose key is no longer in the spec are dropped, so
-  the table always describes the spec that wrote it. `force` starts over. One run at a time
+  computes only the missing scenarios. Rows whose key is no longer in the spec (a changed
+  spec, or another spec's table) are the user's results: the run is refused, before any work,
+  unless `drop_stale` (they are dropped, so the table describes the spec that wrote it) or
+  `force` (start over). One run at a time
   writes a table: a second is refused while the first holds `.TABLE.lock` (flock, released
   by the kernel when the first ends, however it ends).
 * **Batched.** Scenarios go to workers in small batches (about 8 per worker, at most 32
@@ -336,7 +338,7 @@ def _batches(todo: Sequence[Scenario], workers: int) -> list[list[Scenario]]:
 
 def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local",
               address: str | None = None, workers: int | None = None, force: bool = False,
-              limit: int | None = None, checkpoint_s: float = 2.0,
+              limit: int | None = None, drop_stale: bool = False, checkpoint_s: float = 2.0,
               on_progress: Callable[[int, int], None] | None = None) -> SweepRun:
     """Run every scenario of `spec` missing from the table at `out` and write the table.
 
@@ -346,6 +348,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local",
         workers: Worker processes (local) or CPUs of a local Ray instance; the CPU count
             when None.
         force: Start over: ignore (and replace) an existing table.
+        drop_stale: Drop the existing table's rows of scenarios the spec no longer has
+            (without it, and without `force`, such a table is refused: SpecError).
         limit: Compute at most this many missing scenarios (the first in spec order), then
             stop: a sweep split over several runs, and tests of resumption.
         checkpoint_s: Save the finished rows at least this often (module docstring).
@@ -360,12 +364,13 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local",
         raise SpecError(f"--limit {limit!r} must be a positive number of scenarios")
     runner = make_executor(executor, address=address, workers=workers)
     with _table_lock(path):
-        return _run(spec, path, runner, pa, force=force, limit=limit,
+        return _run(spec, path, runner, pa, force=force, limit=limit, drop_stale=drop_stale,
                     checkpoint_s=checkpoint_s, on_progress=on_progress)
 
 
 def _run(spec: SweepSpec, path: Path, runner: Any, pa: Any, *, force: bool, limit: int | None,
-         checkpoint_s: float, on_progress: Callable[[int, int], None] | None) -> SweepRun:
+         drop_stale: bool, checkpoint_s: float,
+         on_progress: Callable[[int, int], None] | None) -> SweepRun:
     schema = table_schema(spec)
     scenarios = spec.scenarios()
     previous = _previous_results(path, force)
@@ -379,6 +384,11 @@ def _run(spec: SweepSpec, path: Path, runner: Any, pa: Any, *, force: bool, limi
             todo.append(s)
     keys = {s.key for s in scenarios}
     dropped = sum(1 for k in previous if k not in keys)
+    if dropped and not drop_stale:
+        raise SpecError(f"--out {str(path)!r} holds {dropped} rows of scenarios this spec does "
+                        f"not have (another spec's table, or this spec changed): give another "
+                        f"--out, --drop-stale to drop those rows and resume, or --force to "
+                        f"start over")
     skipped = len(rows)
     if limit is not None:
         todo = todo[:limit]

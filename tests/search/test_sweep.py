@@ -198,10 +198,16 @@ def test_stop_and_resume_computes_only_missing_rows(tmp_path: Path) -> None:
 
 
 def test_changed_spec_reuses_rows_and_drops_stale_ones(tmp_path: Path) -> None:
+    """A table holding rows the spec no longer has is refused (they are the user's results)
+    unless --drop-stale, which drops them and reuses the rest."""
     out = tmp_path / "t.parquet"
     run_sweep(load_spec(SMALL), out, workers=1)
+    before = out.read_bytes()
     changed = {**SMALL, "knobs": {"global_batch": [32, 64], "recompute": ["none", "full"]}}
-    run = run_sweep(load_spec(changed), out, workers=1)
+    with pytest.raises(SpecError, match=r"holds 6 rows of scenarios this spec does not have"):
+        run_sweep(load_spec(changed), out, workers=1)
+    assert out.read_bytes() == before
+    run = run_sweep(load_spec(changed), out, workers=1, drop_stale=True)
     assert (run.skipped, run.computed, run.dropped, run.rows) == (6, 6, 6, 12)
     assert sorted({r["global_batch"] for r in table_rows(read_table(out))}) == [32, 64]
     fresh = run_sweep(load_spec(changed), tmp_path / "fresh.parquet", workers=1)
