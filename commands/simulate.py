@@ -160,6 +160,10 @@ def simulate_command(
         hw = api.load_cluster(cluster, profile=cost)
     plan = api.make_plan(spec, hw, None if saved is None else saved.fields, **given,
                          framework=framework, attention=attention)
+    if global_batch is None and saved is None and plan.global_batch != DEFAULT_GLOBAL_BATCH:
+        typer.echo(f"note: global batch {plan.global_batch}: the default "
+                   f"{DEFAULT_GLOBAL_BATCH} rounded to a multiple of dp × micro-batch = "
+                   f"{plan.dp} × {plan.micro_batch_size}; give --global-batch to choose", err=True)
     if timeline_rank is not None:
         check_rank(timeline_rank, plan.gpus)
     if trace_selection is not None:

@@ -105,3 +105,16 @@ def test_invalid_plans_exit_2_with_one_line(capsys, args, message) -> None:
     err = _sim_error(capsys, *args)
     assert message in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_rounded_default_global_batch_is_noted(sim) -> None:
+    """The default global batch (512) rounded to dp × micro-batch is said on stderr, not
+    changed silently; a batch the user gives is not noted."""
+    args = ["simulate", "--model", "gpt3-125m", "--cluster", "4xA100-SXM4-80GB", "--seq-len",
+            "128", "--pp", "4", "--json"]
+    code, out, err = sim([*args, "--micro-batch", "3"])
+    assert code == 0 and json.loads(out)["plan"]["global_batch"] == 513
+    assert "note: global batch 513: the default 512 rounded to a multiple of dp × " \
+           "micro-batch = 1 × 3" in err
+    code, out, err = sim([*args, "--micro-batch", "3", "--global-batch", "96"])
+    assert code == 0 and "note" not in err
