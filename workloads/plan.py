@@ -793,6 +793,11 @@ class ParallelPlan:
         """
         if "dtype" not in fields and getattr(model, "dtype", None) == "fp32":
             fields = {**fields, "dtype": model.dtype}
+        degrees = {k: fields[k] for k in ("dp", "cp", "tp", "pp") if k in fields}
+        if fields.get("stage_gpus") is None and all(
+                type(d) is int and d >= 1 for d in degrees.values()):
+            # degrees the cluster cannot hold first: a batch hint for them would mislead
+            cls.from_dict(degrees)._check_gpus(cluster)
         plan = cls.from_dict(fields)
         plan.check(model, cluster)
         return plan

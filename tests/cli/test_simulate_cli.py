@@ -118,3 +118,10 @@ def test_a_rounded_default_global_batch_is_noted(sim) -> None:
            "micro-batch = 1 × 3" in err
     code, out, err = sim([*args, "--micro-batch", "3", "--global-batch", "96"])
     assert code == 0 and "note" not in err
+
+
+def test_degrees_the_cluster_cannot_hold_are_named_before_the_batch(sim) -> None:
+    """--dp 3 on 4 GPUs names the GPU count, not a global batch that would not help."""
+    code, _, err = sim(["simulate", "--model", "gpt3-125m", "--cluster", "4xA100-SXM4-80GB",
+                        "--dp", "3", "--global-batch", "32"])
+    assert code == 2 and "dp×tp×pp = 3×1×1 = 3 but the cluster has 4 GPUs" in err
