@@ -189,6 +189,12 @@ def load_cluster(spec: str | Cluster, *,
     if spec.startswith(CPU_PREFIX):
         processes = _cpu_processes(spec)
         cost = cost_model_for(spec, profile) or load_cost_model(reference_cpu_profile())
+        cores = cost.db.meta.get("logical_cores")
+        if isinstance(cores, int) and processes > cores:
+            raise SpecError(f"cluster {spec}: the profile was measured on a machine with {cores} "
+                            f"logical cores and the CPU model runs one worker per core; give at "
+                            f"most cpu:{cores}, or a profile of a bigger machine (sim profile "
+                            f"--processes N there)")
         return cpu_cluster(cost.db, processes)
     return parse_cluster(spec)
 

@@ -60,6 +60,15 @@ def test_bad_cpu_spec_names_the_form() -> None:
         api.load_cluster("cpu:two")
 
 
+def test_more_cpu_workers_than_the_profiled_machine_had_cores_is_refused() -> None:
+    """The CPU model runs one worker per core: cpu:N beyond the profile's logical cores (the
+    packaged reference: 2) is refused, not simulated as N workers' worth of throughput."""
+    assert api.load_cluster("cpu:2").num_gpus == 2
+    with pytest.raises(TrainsimError, match=r"cpu:100000: the profile was measured on a "
+                                            r"machine with 2 logical cores"):
+        api.load_cluster("cpu:100000")
+
+
 @pytest.mark.slow
 def test_simulate_accepts_every_form_and_prices_the_run(tmp_path: Path) -> None:
     """Each model form on each cluster form simulates (the fp32 validation model on `cpu:N`,
