@@ -680,6 +680,9 @@ def energy_dag(*, microbatches: int | None, profile: str | Path | None = None,
     if calibration is not None and profile is not None:
         raise SpecError("--calibration applies to model mode (--model, --cluster); a --profile "
                         "CSV is measured already")
+    if gpu is not None and profile is None:
+        raise SpecError(f"--gpu {gpu}: applies to --profile mode (whose CSV names no GPU); "
+                        f"--model mode takes the GPUs of --cluster")
     spec = None if model is None else load_model(model)
     hw = None if cluster is None or model is None else load_cluster(cluster)
     options = None if calibration is None else calibration_options(calibration)

@@ -64,6 +64,10 @@ _JSON = typer.Option(False, "--json", help="Print one JSON object.")
 #: larger --unit-s: each step is a max flow over the DAG, about 2·10^6 instruction-steps per
 #: second on one core (2 stages × 3000 micro-batches, 1.4·10^8 of them: about a minute).
 LARGE_WORK: float = 5e7
+WORK_PER_S: float = 2e6
+"""Crashing work done per second (LARGE_WORK's measurement)."""
+MAX_WORK: float = 7.2e9
+"""Crashing work refused before it starts: an hour at `WORK_PER_S`."""
 
 
 def _dag(profile: Path | None, microbatches: int | None, gpu: str | None,
@@ -76,11 +80,28 @@ def _dag(profile: Path | None, microbatches: int | None, gpu: str | None,
 
 
 def _hint(steps: int, nodes: int, unit_s: float) -> str | None:
-    """One line suggesting a larger --unit-s when the crashing work is large, else None."""
-    if steps * nodes <= LARGE_WORK:
+    """One line suggesting a larger --unit-s when the crashing work is large, else None;
+    SpecError (before any step runs) when it would take over an hour (`MAX_WORK`)."""
+    work = steps * nodes
+    if work <= LARGE_WORK:
         return None
-    return (f"hint: about {steps} crashing steps over {nodes} instructions (may take "
-            f"minutes); a larger --unit-s (now {unit_s:g} s) needs proportionally fewer steps")
+    minutes = work / WORK_PER_S / 60
+    if work > MAX_WORK:
+        raise api.SpecError(f"--unit-s {unit_s:g}: about {steps:,} crashing steps over {nodes} "
+                            f"instructions, some {minutes:,.0f} minutes of work; give --unit-s "
+                            f"{unit_s * work / LARGE_WORK:.2g} or more for well under a minute")
+    return (f"hint: about {steps:,} crashing steps over {nodes} instructions (about "
+            f"{minutes:.0f} minutes); a larger --unit-s (now {unit_s:g} s) needs "
+            f"proportionally fewer steps")
+
+
+def _check_work(dag: Any, unit_s: float) -> None:
+    """Refuse, before it is set up, crashing work over an hour (`MAX_WORK`): a fine --unit-s
+    takes minutes to prepare before the first step reports its size."""
+    # deferred: start-up time (the energy planner compiles numba kernels at import)
+    from trainsim.search.energy.planner import estimate_steps
+
+    _hint(estimate_steps(dag, unit_s), dag.num_nodes, unit_s)
 
 
 @contextmanager
@@ -117,6 +138,7 @@ def frontier_command(profile: Path = _PROFILE, microbatches: int = _MB, gpu: str
     check_out_dir(out, OUTPUT_FILES, force)
     dag = _dag(profile, microbatches, gpu, blocking_power_w, model, cluster, pp, tp, dp,
                micro_batch_size, calibration)
+    _check_work(dag, unit_s)
     with _progress(dag.num_nodes, unit_s) as tick:
         res = api.energy_frontier(dag, unit_s=unit_s, out=out, on_step=tick, model=model,
                                   cluster=cluster)
@@ -171,6 +193,7 @@ def pick_command(straggler: float = typer.Option(None, "--straggler",
                             "--straggler-table")
     dag = _dag(profile, microbatches, gpu, blocking_power_w, model, cluster, pp, tp, dp,
                micro_batch_size, calibration)
+    _check_work(dag, unit_s)
     with _progress(dag.num_nodes, unit_s) as tick:
         res = api.energy_pick(dag, slowdown=straggler, deadline_s=deadline_s,
                               table=straggler_table, unit_s=unit_s, out=out, on_step=tick)

@@ -208,4 +208,23 @@ def test_hint_threshold() -> None:
 
     assert _hint(10, 10, 1e-3) is None
     line = _hint(int(LARGE_WORK), 2, 1e-3)
-    assert line is not None and str(int(LARGE_WORK)) in line and "2 instructions" in line
+    assert line is not None and f"{int(LARGE_WORK):,}" in line and "2 instructions" in line
+
+
+def test_an_hour_of_crashing_is_refused_before_it_is_set_up(tmp_path) -> None:
+    """A --unit-s so fine that crashing would take over an hour is refused with the estimate
+    and a unit that would do, before the planner prepares it (1e-11 s took minutes to)."""
+    path = tmp_path / "p.csv"
+    path.write_text(CSV)
+    res = CliRunner().invoke(app, ["frontier", "--profile", str(path), "--microbatches", "2",
+                                   "--blocking-power-w", "10", "--unit-s", "1e-12"])
+    assert res.exit_code == 2
+    assert "crashing steps over" in res.output and "minutes of work; give --unit-s" in res.output
+
+
+def test_gpu_in_model_mode_is_refused() -> None:
+    """--gpu names the blocking power of a --profile CSV; with --model it would be ignored."""
+    res = CliRunner().invoke(app, ["frontier", "--model", "gpt3-125m", "--cluster",
+                                   "2xA100-SXM4-80GB", "--pp", "2", "--microbatches", "2",
+                                   "--gpu", "FOO"])
+    assert res.exit_code == 2 and "--gpu FOO: applies to --profile mode" in res.output
