@@ -5,7 +5,8 @@ each), plans each with the heterogeneous planner on the Oracle (worker processes
 on stderr), prints the table with the cost–throughput Pareto front marked, and with ``--out``
 writes ``pareto.csv`` and ``pareto.html``. With ``--tokens`` it also names the cheapest
 composition that meets ``--deadline-days`` and the fastest within ``--budget-usd``; a limit
-that no composition meets exits 1 with how close the best came.
+that no composition meets exits 1 with how close the best came, and so does a sweep in which no
+composition has a plan at all (the table and files are still written).
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ def pareto_command(
         write_table(points, out / "pareto.csv")
         write_html(points, out / "pareto.html", title)
         typer.echo(f"wrote {out / 'pareto.csv'}, {out / 'pareto.html'}")
+    if not any(p.has_plan for p in points):
+        typer.echo(f"error: none of the {len(points)} compositions has a plan that fits "
+                   f"(global batch {global_batch}); try larger compositions", err=True)
+        raise typer.Exit(1)
     if tokens is not None:
         _pick(points, tokens, deadline_days, budget_usd)
 

@@ -44,6 +44,14 @@ def test_pareto_deadline_nobody_meets_says_how_close(sim: Sim
     assert "no composition meets" in line and "x the deadline" in line
 
 
+def test_pareto_with_no_plan_anywhere_exits_1(sim: Sim) -> None:
+    """A sweep in which no composition can train the model says so and exits 1."""
+    code, _, err = sim(["pareto", "--model", "gpt3-175b", "--global-batch", "64", "--gpus",
+                        "A10:1..1x4", "--time-budget-s", "5"])
+    assert code == 1
+    assert "none of the 1 compositions has a plan that fits" in err.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize(("args", "word"), [
     (["--gpus", "H900:0..2x8"], "H900"),
     (["--gpus", "A10:3..1x4"], "empty"),
