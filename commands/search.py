@@ -21,8 +21,10 @@ from rich.table import Table
 from trainsim import api
 from trainsim.commands.intraop import INTRAOP_METHODS, intraop_search
 from trainsim.commands.output import check_out_dir, dumps, user_errors
+from trainsim.errors import SpecError, unknown_name
 from trainsim.search.exports import SEARCH_OUTPUT_FILES
 from trainsim.search.hetero.objectives import check_limits, limit_miss, parse_prices, run_totals
+from trainsim.search.methods import PLANNERS
 from trainsim.search.planner import SearchRecord, SearchResult
 from trainsim.workloads.plan import ParallelPlan
 
@@ -68,6 +70,12 @@ def search_command(
     mesh: str | None = _MESH,
 ) -> None:
     """Search parallel plans for MODEL on CLUSTER and print the best ones."""
+    if method not in INTRAOP_METHODS and method not in tuple(PLANNERS):
+        raise SpecError(str(unknown_name("search method", method,
+                                         (*tuple(PLANNERS), *INTRAOP_METHODS))))
+    if mesh is not None and method not in INTRAOP_METHODS:
+        raise SpecError(f"--mesh applies to the intra-op methods ({', '.join(INTRAOP_METHODS)})"
+                        f"; --method {method} plans the whole cluster")
     if method in INTRAOP_METHODS:
         intraop_search(method=method, model=model, cluster=cluster, global_batch=global_batch,
                        mesh=mesh, memory_limit_gb=memory_limit_gb, time_limit_s=time_budget_s,

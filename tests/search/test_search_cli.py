@@ -51,6 +51,13 @@ def test_unknown_method_is_one_error_line(capsys) -> None:
     """An unknown --method exits 2 naming the valid ones."""
     code, _, err = _run(capsys, "--method", "annealing", *ARGS)
     assert code == 2 and "grid" in err and "aceso" in err
+    assert all(m in err for m in ("intraop", "intraop-pp", "alpa", "megatron"))
+
+
+def test_mesh_without_an_intraop_method_is_refused(capsys) -> None:
+    """--mesh shapes the intra-op searches only; with grid it would be ignored."""
+    code, _, err = _run(capsys, "--mesh", "2x2", *ARGS)
+    assert code == 2 and "--mesh applies to the intra-op methods" in err
 
 
 def test_out_that_is_a_file_is_one_error_line(capsys, tmp_path: Path) -> None:
