@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainsim.errors import DataFileError, SpecError, UnknownNameError
+from trainsim.errors import DataFileError, SpecError, TrainsimError, UnknownNameError
 from trainsim.hwmodels.gpus import GpuSpec, get_gpu
 from trainsim.hwmodels.nodes import NicSpec, NodeType, default_price, get_nic, get_node_type
 from trainsim.hwmodels.topology import Link, NodeLinks
@@ -323,6 +323,12 @@ def parse_cluster_spec(spec: str) -> Cluster:
     for part in spec.replace(" ", "").split("+"):
         match = _PART.match(part)
         if match is None:
+            loose = re.match(r"^(?:\d+x)?\d+x([A-Za-z][A-Za-z0-9.\-]*)(?:@[A-Za-z0-9._\-]+)?$", part)
+            if loose is not None:  # the form is right but the name is no GPU's: say which
+                try:
+                    get_gpu(loose[1])
+                except TrainsimError as exc:
+                    raise SpecError(f"cluster spec {spec!r}: {exc}") from None
             raise SpecError(f"cluster spec {spec!r}: part {part!r} is not {_SPEC_FORM}")
         nodes = int(match["nodes"]) if match["nodes"] else 1
         gpus = int(match["gpus"])

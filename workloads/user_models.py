@@ -88,7 +88,8 @@ def _coerce(origin: str, name: str, key: str, value: object) -> object:
                                                  for v in value),
     }[kind]
     if not ok:
-        want = "a list of integers" if kind == "tuple" else f"a {kind}"
+        want = {"tuple": "a list of integers", "int": "an integer", "float": "a number",
+                "bool": "true or false", "str": "a string"}[kind]
         raise DataFileError(f"{origin}: model {name!r} field {key!r}={value!r} must be {want}")
     if kind == "tuple":
         return tuple(value)  # type: ignore[arg-type]
@@ -107,6 +108,9 @@ def load_yaml_model(path: str | Path) -> ModelSpec:
                             f"{str(exc).splitlines()[0]})") from None
     if isinstance(data, Mapping) and "family" not in data and len(data) == 1:
         (name, entry), = data.items()
+        if not isinstance(entry, Mapping) and str(name) in _SPEC_FIELDS:
+            # `name: x` alone: a model's fields, not `{name: {fields}}`; say what is missing
+            return spec_from_mapping(data, origin=str(path), name=path.stem)
         return spec_from_mapping(entry, origin=str(path), name=str(name))
     return spec_from_mapping(data, origin=str(path), name=path.stem)
 

@@ -189,3 +189,9 @@ def test_yaml_bad_values(tmp_path: Path) -> None:
     path.write_text("node_groups:\n  - {gpu: A10, nodes: 1, gpus_per_node: 4, colour: red}\n")
     with pytest.raises(DataFileError, match="colour"):
         parse_cluster(str(path))
+
+
+def test_a_spec_whose_gpu_name_has_no_digit_names_the_gpu() -> None:
+    """`4xFOO` has the spec's form; its GPU name is what is wrong, so that is what is said."""
+    with pytest.raises(SpecError, match=r"'4xFOO': unknown GPU type 'FOO'"):
+        parse_cluster("4xFOO")

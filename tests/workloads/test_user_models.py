@@ -158,3 +158,16 @@ def test_missing_file(tmp_path: Path) -> None:
     """A .yaml path that does not exist is a DataFileError, not a traceback."""
     with pytest.raises(DataFileError, match="no such model file"):
         get_model(str(tmp_path / "nope.yaml"))
+
+
+def test_a_model_file_with_one_field_names_what_is_missing(tmp_path: Path) -> None:
+    """`name: x` alone is a model's fields (not a model called 'name'): the missing family is
+    named, and a wrongly typed field says "an integer", not "a int"."""
+    path = tmp_path / "m.yaml"
+    path.write_text("name: x\n")
+    with pytest.raises(DataFileError, match=r"misses field 'family'"):
+        get_model(str(path))
+    path.write_text("family: gpt\nnum_layers: two\nhidden: 64\nnum_heads: 4\nvocab_size: 100\n"
+                    "seq_len: 32\n")
+    with pytest.raises(DataFileError, match=r"'num_layers'='two' must be an integer"):
+        get_model(str(path))
