@@ -27,6 +27,7 @@ from trainsim.commands.sweep import app as sweep_app
 from trainsim.commands.validate import register as register_validation
 from trainsim.errors import TrainsimError
 from trainsim.simulator.malloc_tuning import keep_freed_memory
+from trainsim.workloads.plan_file import TRAINSIM_VERSION
 
 app = typer.Typer(
     name="sim",
@@ -37,6 +38,21 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"trainsim {TRAINSIM_VERSION}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_version,
+                                          is_eager=True, help="Print the version and exit.")
+             ) -> None:
+    """trainsim: simulate distributed deep-learning training before renting GPUs."""
+
+
 app.add_typer(hw_app, name="hw")
 app.add_typer(models_app, name="models")
 app.command("simulate")(simulate_command)

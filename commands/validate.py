@@ -97,8 +97,8 @@ def validate_command(
         typer.echo(format_report(result))
     if max_error is not None and abs(result.iteration_time_error) > max_error:
         if not as_json:
-            typer.echo(f"iteration-time error {100 * result.iteration_time_error:+.1f}% exceeds "
-                       f"--max-error {100 * max_error:.1f}%", err=True)
+            typer.echo(f"iteration-time error {100 * result.iteration_time_error:+.3g}% exceeds "
+                       f"--max-error {100 * max_error:.3g}%", err=True)
         raise typer.Exit(1)
 
 

@@ -117,3 +117,10 @@ def test_zero_micro_batch_is_one_line(capsys: pytest.CaptureFixture[str]) -> Non
         main(["simulate", "--micro-batch", "0"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "micro_batch_size=0" in err and len(err.splitlines()) == 1
+
+
+def test_version_prints_and_exits_0(sim) -> None:
+    from trainsim.workloads.plan_file import TRAINSIM_VERSION
+
+    code, out, _ = sim(["--version"])
+    assert code == 0 and out.strip() == f"trainsim {TRAINSIM_VERSION}"
