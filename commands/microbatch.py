@@ -94,7 +94,7 @@ def microbatch_command(
             raise typer.BadParameter("must be eager or flash", param_hint=name)
     if not 0 <= zero <= 2:
         raise typer.BadParameter("must be 0, 1 or 2", param_hint="--zero")
-    check_new_file(out, force, "page")
+    check_new_file(out, force, "--out")
     dataset = api.length_dataset(lengths=lengths, column=column, target_column=target_column,
                                  synthetic=synthetic, text=text, tokenizer=tokenizer,
                                  samples=samples, seed=seed)
@@ -112,7 +112,8 @@ def microbatch_command(
             on_iteration=tick, attention=attention, zero=zero)
     rows = _rows(results)
     title = (f"{planner.model.name} on {cluster} (dp={dp} tp={tp} pp={pp}), {dataset.name}: "
-             f"{iterations} x {tokens_per_batch:,} tokens")
+             f"{iterations} batch{'es' if iterations != 1 else ''} of up to "
+             f"{tokens_per_batch:,} tokens")
     if as_json:
         typer.echo(dumps({"title": title, "dataset": dataset.source, "methods": rows},
                          sort_keys=True))
