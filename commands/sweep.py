@@ -54,7 +54,7 @@ _ADDRESS = typer.Option(None, "--address", help="With --executor ray: auto (the 
                         "`ray start` made here) or HOST:PORT of a Ray head; none starts a "
                         "local Ray instance.")
 _WORKERS = typer.Option(None, "--workers", help="Worker processes (local) or CPUs of a local "
-                        "Ray instance; default one per CPU.", show_default=False)
+                        "Ray instance; default (or 0) one per CPU.", show_default=False)
 _LIMIT = typer.Option(None, "--limit", help="Run at most this many missing scenarios, then "
                       "stop (rerun to continue).", show_default=False)
 _FORCE = typer.Option(False, "--force", help="Start over: replace an existing table.")

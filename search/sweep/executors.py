@@ -66,12 +66,13 @@ def default_workers() -> int:
 
 
 def check_workers(workers: int | None) -> int:
-    """`workers`, or the default, checked: 1 to MAX_WORKERS."""
-    if workers is None:
+    """`workers`, or the default (None or 0: one per CPU, as `sim pareto` reads 0), checked:
+    0 to MAX_WORKERS."""
+    if workers is None or workers == 0 and not isinstance(workers, bool):
         return default_workers()
     if isinstance(workers, bool) or not isinstance(workers, int) \
             or not 1 <= workers <= MAX_WORKERS:
-        raise SpecError(f"--workers {workers!r} must be between 1 and {MAX_WORKERS}")
+        raise SpecError(f"--workers {workers!r} must be 0 (one per CPU) to {MAX_WORKERS}")
     return workers
 
 

@@ -304,7 +304,7 @@ def test_cli_run_forms_resume_and_existing_files(tmp_path: Path,
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--force" in err
     code, _, _ = sim(["sweep", spec, "--out", str(user), "--workers", "1", "--force"])
     assert code == 0 and read_table(user).num_rows == 12
-    for argv, words in ((["sweep", spec, "--out", out, "--workers", "0"], "--workers"),
+    for argv, words in ((["sweep", spec, "--out", out, "--workers", "-1"], "--workers"),
                         (["sweep", spec, "--out", out, "--address", "auto"],
                          "--address needs --executor ray"),
                         (["sweep", spec, "--out", out, "--executor", "dask"], "local or ray"),
@@ -425,3 +425,11 @@ def test_no_spec_error_is_a_bare_exception() -> None:
                  "knobs": {}}):
         with pytest.raises(SpecError):
             load_spec(doc) if isinstance(doc, dict) else spec_module.parse_spec(doc)
+
+
+def test_zero_workers_means_one_per_cpu_as_in_pareto() -> None:
+    from trainsim.search.sweep.executors import check_workers, default_workers
+
+    assert check_workers(0) == check_workers(None) == default_workers()
+    with pytest.raises(SpecError, match="0 \\(one per CPU\\)"):
+        check_workers(-1)
