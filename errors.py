@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from os import PathLike
+from pathlib import Path
 
 
 class TrainsimError(Exception):
@@ -56,3 +58,13 @@ def unknown_name(kind: str, name: str, valid: Iterable[str]) -> UnknownNameError
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     listing = ", ".join(valid) if len(valid) <= 12 else ", ".join(valid[:12]) + ", ..."
     return UnknownNameError(f"unknown {kind} {name!r}{hint} (valid: {listing})")
+
+
+def read_user_text(path: str | PathLike[str]) -> str:
+    """A user's input file as UTF-8 text; one that is not names itself (a UnicodeDecodeError
+    alone says neither which file nor which flag)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                            f"give a text file") from None

@@ -30,7 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainsim.errors import DataFileError, SpecError, TrainsimError, UnknownNameError
+from trainsim.errors import (
+    DataFileError,
+    SpecError,
+    TrainsimError,
+    UnknownNameError,
+    read_user_text,
+)
 from trainsim.hwmodels.gpus import GpuSpec, get_gpu
 from trainsim.hwmodels.nodes import NicSpec, NodeType, default_price, get_nic, get_node_type
 from trainsim.hwmodels.topology import Link, NodeLinks
@@ -417,7 +423,7 @@ def load_cluster_yaml(path: str | Path) -> Cluster:
 
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_user_text(path))
     except yaml.YAMLError as exc:
         raise DataFileError(f"{path}: invalid YAML: {exc}") from None
     return cluster_from_dict(data, str(path))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from trainsim.errors import SpecError
+from trainsim.errors import SpecError, read_user_text
 
 ActionKind: TypeAlias = Literal["F", "B", "I", "W"]
 """F forward, B full backward, I backward for input grads only, W backward for weight grads only."""
@@ -132,7 +132,7 @@ def write_schedule_csv(order: Mapping[int, Iterable[Action | None]], path: str |
 
 def read_schedule_csv(path: str | Path) -> Schedule:
     """Read a schedule CSV written by `write_schedule_csv` (or torch's `_dump_csv`)."""
-    return schedule_from_csv(Path(path).read_text(encoding="utf-8"))
+    return schedule_from_csv(read_user_text(path))
 
 
 def format_schedule(

@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from trainsim.errors import DataFileError, SpecError, unknown_name
+from trainsim.errors import DataFileError, SpecError, read_user_text, unknown_name
 from trainsim.simulator.actions import (
     Action,
     Schedule,
@@ -219,7 +219,7 @@ def load_explicit(path: str | Path) -> Schedule:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_user_text(path)
     except OSError as exc:
         raise DataFileError(f"cannot read schedule file {str(path)!r}: {exc}") from exc
     if path.suffix.lower() == ".csv":

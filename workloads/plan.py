@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from trainsim.errors import PlanError, unknown_name
+from trainsim.errors import PlanError, read_user_text, unknown_name
 from trainsim.workloads.plan_fields import (
     _action_key,
     _divisors,
@@ -878,7 +878,7 @@ class ParallelPlan:
         p = Path(path)
         if not p.is_file():
             raise PlanError(f"plan file {str(p)!r} does not exist")
-        return cls.from_json(p.read_text(), source=str(p))
+        return cls.from_json(read_user_text(p), source=str(p))
 
     def save(self, path: str | Path, *, force: bool = False) -> None:
         """Write the plan as JSON; refuses to overwrite an existing file unless `force`."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainsim.errors import PlanError
+from trainsim.errors import PlanError, read_user_text
 from trainsim.workloads.plan import RUN_KEYS, ParallelPlan
 
 TRAINSIM_VERSION = "0.1.0"
@@ -49,7 +49,7 @@ def read_plan_file(path: str | Path) -> PlanFile:
     if not p.is_file():
         raise PlanError(f"plan file {str(p)!r} does not exist")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(read_user_text(p))
     except json.JSONDecodeError as exc:
         raise PlanError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict):

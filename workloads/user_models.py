@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from trainsim.errors import DataFileError
+from trainsim.errors import DataFileError, read_user_text
 from trainsim.workloads.model import ModelSpec
 
 EXTRA_KEYS = frozenset({"aliases", "source"})
@@ -102,7 +102,7 @@ def load_yaml_model(path: str | Path) -> ModelSpec:
     """Load a user model from YAML: one entry's fields, or `{name: {fields}}`."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_user_text(path))
     except yaml.YAMLError as exc:
         raise DataFileError(f"{path}: not valid YAML ({exc.__class__.__name__}: "
                             f"{str(exc).splitlines()[0]})") from None
@@ -119,7 +119,7 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     """Load a Hugging Face `config.json` (see the module docstring for the keys read)."""
     path = Path(path)
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(read_user_text(path))
     except json.JSONDecodeError as exc:
         raise DataFileError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(cfg, dict):

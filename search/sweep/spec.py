@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from trainsim.errors import DataFileError, SpecError, TrainsimError, unknown_name
+from trainsim.errors import DataFileError, SpecError, TrainsimError, read_user_text, unknown_name
 from trainsim.hwmodels.cluster import parse_cluster
 from trainsim.search.methods import PLANNERS
 from trainsim.workloads.plan import ParallelPlan
@@ -354,7 +354,7 @@ def load_spec(source: str | Path | Mapping[str, Any]) -> SweepSpec:
     if not path.is_file():
         raise SpecError(f"{where} is not a file")
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = yaml.safe_load(read_user_text(path))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

@@ -57,7 +57,7 @@ def test_stage_recompute_applies_per_stage(oracle: Oracle) -> None:
     ({"pp": 2, "stage_gpus": (2, 2), "micro_batch_size": 1}, r"divisible by stage 0's dp=2"),
     ({"pp": 2, "stage_gpus": (2, 2), "stage_tp": (4, 1), "micro_batch_size": 2},
      r"stage_tp\[0\]=4 must divide plan.stage_gpus\[0\]=2"),
-    ({"pp": 2, "stage_recompute": ("full",)}, r"stage_recompute has 1 values but pp=2"),
+    ({"pp": 2, "dp": 2, "stage_recompute": ("full",)}, r"stage_recompute has 1 values but pp=2"),
 ])
 def test_bad_stage_fields_are_refused(oracle: Oracle, fields: dict, message: str) -> None:
     """Impossible per-stage fields fail at construction, naming the field and value."""

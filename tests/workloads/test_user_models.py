@@ -171,3 +171,11 @@ def test_a_model_file_with_one_field_names_what_is_missing(tmp_path: Path) -> No
                     "seq_len: 32\n")
     with pytest.raises(DataFileError, match=r"'num_layers'='two' must be an integer"):
         get_model(str(path))
+
+
+def test_a_binary_model_file_names_itself(tmp_path: Path) -> None:
+    """A file that is not UTF-8 text is named (a bare UnicodeDecodeError named nothing)."""
+    path = tmp_path / "m.yaml"
+    path.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(DataFileError, match=r"m\.yaml: not UTF-8 text"):
+        get_model(str(path))
