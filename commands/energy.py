@@ -34,6 +34,7 @@ from rich.progress import (
 
 from trainsim import api
 from trainsim.commands.output import check_out_dir, dumps, user_errors
+from trainsim.errors import SpecError
 from trainsim.search.energy.outputs import OUTPUT_FILES, PLAN_FILES
 
 app = typer.Typer(help="GPU frequency plans on the time-energy frontier (Perseus).",
@@ -87,7 +88,7 @@ def _hint(steps: int, nodes: int, unit_s: float) -> str | None:
         return None
     minutes = work / WORK_PER_S / 60
     if work > MAX_WORK:
-        raise api.SpecError(f"--unit-s {unit_s:g}: about {steps:,} crashing steps over {nodes} "
+        raise SpecError(f"--unit-s {unit_s:g}: about {steps:,} crashing steps over {nodes} "
                             f"instructions, some {minutes:,.0f} minutes of work; give --unit-s "
                             f"{unit_s * work / LARGE_WORK:.2g} or more for well under a minute")
     return (f"hint: about {steps:,} crashing steps over {nodes} instructions (about "

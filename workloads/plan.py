@@ -793,7 +793,7 @@ class ParallelPlan:
         """
         if "dtype" not in fields and getattr(model, "dtype", None) == "fp32":
             fields = {**fields, "dtype": model.dtype}
-        degrees = {k: fields[k] for k in ("dp", "cp", "tp", "pp") if k in fields}
+        degrees: dict[str, Any] = {k: fields[k] for k in ("dp", "cp", "tp", "pp") if k in fields}
         if fields.get("stage_gpus") is None and all(
                 type(d) is int and d >= 1 for d in degrees.values()):
             # degrees the cluster cannot hold first: a batch hint for them would mislead
