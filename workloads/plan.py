@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -795,7 +796,8 @@ class ParallelPlan:
             fields = {**fields, "dtype": model.dtype}
         degrees: dict[str, Any] = {k: fields[k] for k in ("dp", "cp", "tp", "pp") if k in fields}
         if fields.get("stage_gpus") is None and all(
-                type(d) is int and d >= 1 for d in degrees.values()):
+                type(d) is int and d >= 1 for d in degrees.values()) \
+                and math.prod(degrees.values()) != cluster.num_gpus:
             # degrees the cluster cannot hold first: a batch hint for them would mislead
             cls.from_dict(degrees)._check_gpus(cluster)
         plan = cls.from_dict(fields)
