@@ -117,7 +117,8 @@ def pipeline_text(r: PipelineResult) -> str:
 
 
 def _print(r: IntraopResult) -> None:
-    table = Table(title=headline(r), title_justify="left")
+    typer.echo(headline(r))  # one line, whatever the table's width (a title wraps with it)
+    table = Table()
     for col in ("layer", "×", "block", "strategy", "in → out", "collectives (fwd/bwd/grad)",
                 "comm (ms)"):
         table.add_column(col, justify="right" if col in ("×", "comm (ms)") else "left")

@@ -68,6 +68,7 @@ from trainsim.workloads.sharding.plan import (
     ShardingPlan,
     edge_collectives,
     grad_bytes,
+    grad_sync_axes,
     saved_bytes,
     static_bytes,
 )
@@ -337,6 +338,7 @@ class _Lowering:
         consumers = self.consumers[s]
         done: dict[int, Ready] = {}
         last = m == self.m - 1
+        by_node = dict(enumerate(strat)) if last else {}
         bucket: dict[tuple[int, ...], float] = {}
         bucket_layer = -1
 
@@ -380,9 +382,9 @@ class _Lowering:
                                      t.bwd_s, t.bwd_w, waits[r], 0.0, act, m, s, node.layer)]
                        for r in st.ranks}
             self.last_compute[s] = done[i]
-            if last and strat[i].sync_axes:
-                key = strat[i].sync_axes
-                bucket[key] = bucket.get(key, 0.0) + grad_bytes(graph, strat[i], i, dtype)
+            axes = grad_sync_axes(graph, by_node, i) if last else ()
+            if axes:
+                bucket[axes] = bucket.get(axes, 0.0) + grad_bytes(graph, strat[i], i, dtype)
         if last:
             flush(bucket_layer)
         if st.has_input:

@@ -31,9 +31,8 @@ from trainsim.simulator.program import Program
 from trainsim.workloads.model import ModelSpec, build_graph
 from trainsim.workloads.sharding.graph import SpmdGraph, build_spmd_graph
 from trainsim.workloads.sharding.mesh import DeviceMesh, parse_mesh
-from trainsim.workloads.sharding.plan import ShardingPlan, grad_bytes, saved_bytes
+from trainsim.workloads.sharding.plan import ShardingPlan, grad_sync, saved_bytes
 from trainsim.workloads.sharding.spec import format_spec
-from trainsim.workloads.sharding.strategies import sync_collectives
 from trainsim.workloads.zoo import get_model
 
 METHODS = ("intraop", "alpa", "megatron")
@@ -108,9 +107,8 @@ class IntraopResult:
                     fwd, bwd = edges[(n, slot)]
                     colls += [("fwd", c) for c in fwd] + [("bwd", c) for c in bwd]
                 colls += [("fwd", c) for c in strategies[n].fwd_comm]
-                colls += [("grad", c) for c in sync_collectives(
-                    strategies[n], self.plan.mesh,
-                    grad_bytes(graph, strategies[n], n, self.plan.dtype))]
+                colls += [("grad", c) for c in grad_sync(
+                    graph, dict(enumerate(strategies)), n, self.plan.mesh, self.plan.dtype)]
             st = strategies[b.nodes[0]]
             layer = graph.nodes[b.nodes[0]].layer
             per_layer.setdefault(layer, []).append({

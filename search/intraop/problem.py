@@ -24,7 +24,7 @@ from trainsim.search.intraop.program import lower_nodes, program_times_s
 from trainsim.workloads.sharding.graph import SpmdGraph
 from trainsim.workloads.sharding.plan import (
     edge_collectives,
-    grad_bytes,
+    grad_sync,
     kept_bytes,
     saved_bytes,
     static_bytes,
@@ -35,7 +35,7 @@ from trainsim.workloads.sharding.spec import (
     grad_spec_of_output,
     reshard,
 )
-from trainsim.workloads.sharding.strategies import Strategy, sync_collectives
+from trainsim.workloads.sharding.strategies import Strategy
 
 
 @dataclass(slots=True)
@@ -96,11 +96,11 @@ def formula_time_s(pricing: OraclePricing | AlphaBetaPricing, graph: SpmdGraph,
     internal edges and per-op gradient reductions."""
     total = 0.0
     where = {n: k for k, n in enumerate(nodes)}
+    by_node = dict(zip(nodes, option, strict=True))
     for n, st in zip(nodes, option, strict=True):
         t = pricing.op_passes(graph, n, st)
         total += t.fwd_s + t.bwd_s + pricing.collectives_s(list(st.fwd_comm))
-        total += pricing.collectives_s(sync_collectives(st, pricing.mesh,
-                                                        grad_bytes(graph, st, n, pricing.dtype)))
+        total += pricing.collectives_s(grad_sync(graph, by_node, n, pricing.mesh, pricing.dtype))
         for slot, src in enumerate(graph.nodes[n].srcs):
             if src in where:
                 fwd, bwd = edge_collectives(graph, pricing.mesh, option[where[src]], st, n, slot)

@@ -41,6 +41,7 @@ from trainsim.workloads.sharding.plan import (
     ShardingPlan,
     edge_collectives,
     grad_bytes,
+    grad_sync_axes,
     kept_bytes,
     saved_bytes,
 )
@@ -191,8 +192,9 @@ def lower_nodes(graph: SpmdGraph, strategies: Mapping[int, Strategy], cluster: C
                                            r, t.bwd_s, t.bwd_w, waits[r], 0.0, act,
                                            node.layer)] for r in ranks}
         last_compute = bwd_done[i]
-        if st.sync_axes:
-            key = (node.layer, st.sync_axes)
+        axes = grad_sync_axes(graph, strategies, i)
+        if axes:
+            key = (node.layer, axes)
             bucket[key] = bucket.get(key, 0.0) + grad_bytes(graph, st, i, dtype)
     flush(bucket_layer)
     if optimizer:

@@ -43,6 +43,10 @@ class Node:
     """Full (unsharded) bytes of each input tensor."""
     role_class: str
     """Which strategies apply (strategies.ROLE_CLASSES)."""
+    tied_params: int = 0
+    """Weights the op reads but does not own: the output head's share of embeddings tied to
+    the input embedding (`Layer.shared_params`). Stored once, on the embedding; the head's
+    gradient of them is still reduced over the axes where the head splits the batch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,8 @@ class SpmdGraph:
     layer_names: tuple[str, ...]
     recomputable: tuple[bool, ...] = ()
     """Per layer: whether it is a transformer block (the layers recompute applies to)."""
+    tied: tuple[int, int] | None = None
+    """(embedding node, head node) sharing tied weights, when both are in the graph."""
 
     def consumers(self) -> list[list[tuple[int, int]]]:
         """Per node, its (consumer node, input slot) pairs."""
@@ -128,6 +134,9 @@ def build_spmd_graph(graph: ModelGraph, layers: tuple[int, ...] | None = None) -
         side_from = -1
         for op in layer.ops:
             rc = role_class(op)
+            tied = layer.shared_params if (
+                layer.shared_params and op.kind == "matmul" and op.shape is not None
+                and len(op.shape) == 3 and op.shape[1] == graph.spec.vocab_size) else 0
             is_side = op.name.split(".")[0] in SIDE_BRANCH
             if is_side and side_from == -1:
                 side_from = layer_input
@@ -145,7 +154,7 @@ def build_spmd_graph(graph: ModelGraph, layers: tuple[int, ...] | None = None) -
                              for slot, s in enumerate(srcs))
             idx = len(nodes)
             nodes.append(Node(index=idx, op=op, layer=li, srcs=srcs, in_bytes=in_bytes,
-                              role_class=rc))
+                              role_class=rc, tied_params=tied))
             if rc == "router":
                 continue  # a side output: the experts read the router's input
             if op.name == "nsp":
@@ -153,8 +162,12 @@ def build_spmd_graph(graph: ModelGraph, layers: tuple[int, ...] | None = None) -
             cur = idx
             if rc in ("residual", "embedding") or stream < 0:
                 stream = idx
+    heads = [n.index for n in nodes if n.tied_params]
+    embeddings = [n.index for n in nodes if n.op.kind == "embedding" and heads
+                  and n.op.params >= nodes[heads[0]].tied_params]
     return SpmdGraph(nodes=tuple(nodes), graph=graph, segment_keys=tuple(seg),
-                     layer_names=tuple(names), recomputable=tuple(recomputable))
+                     layer_names=tuple(names), recomputable=tuple(recomputable),
+                     tied=(embeddings[0], heads[0]) if heads and embeddings else None)
 
 
 __all__ = ["Node", "SpmdGraph", "build_spmd_graph", "role_class"]

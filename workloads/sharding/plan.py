@@ -17,7 +17,7 @@ engine reproduces exactly; `held_bytes` is what a node holds from its forward to
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trainsim.workloads.sharding.graph import SpmdGraph
@@ -30,7 +30,7 @@ from trainsim.workloads.sharding.spec import (
     reshard,
     shard_factor,
 )
-from trainsim.workloads.sharding.strategies import Strategy, sharded_op
+from trainsim.workloads.sharding.strategies import Strategy, sharded_op, sync_collectives
 from trainsim.workloads.stage_costs import optimizer_bytes_per_param
 
 
@@ -57,9 +57,34 @@ def saved_bytes(graph: SpmdGraph, strategy: Strategy, node: int) -> float:
 
 
 def grad_bytes(graph: SpmdGraph, strategy: Strategy, node: int, dtype: str) -> float:
-    """Bytes of one device's weight gradients of the node."""
-    params = graph.nodes[node].op.params
+    """Bytes of one device's weight gradients of the node (tied weights it reads included)."""
+    n = graph.nodes[node]
+    params = n.op.params + n.tied_params
     return -(-params // strategy.param_div) * optimizer_bytes_per_param(dtype)[1]
+
+
+def grad_sync(graph: SpmdGraph, strategies: Mapping[int, Strategy], node: int,
+              mesh: DeviceMesh, dtype: str) -> list[Collective]:
+    """The node's weight-gradient reduction (`sync_collectives`). A head reading embeddings
+    tied to the input embedding adds its gradient to the embedding's, which is reduced over
+    the embedding's axes: the head reduces over the rest of its own, so with both known
+    (`strategies` holds them) the tied weight is reduced once over the union of their axes;
+    with the embedding unknown (a block costed alone) the head reduces over all of its own."""
+    st = strategies[node]
+    axes = grad_sync_axes(graph, strategies, node)
+    if axes != st.sync_axes:
+        st = replace(st, sync_axes=axes)
+    return sync_collectives(st, mesh, grad_bytes(graph, st, node, dtype))
+
+
+def grad_sync_axes(graph: SpmdGraph, strategies: Mapping[int, Strategy], node: int
+                   ) -> tuple[int, ...]:
+    """The axes `grad_sync` reduces the node's weight gradients over."""
+    axes = strategies[node].sync_axes
+    if graph.tied is not None and node == graph.tied[1] and graph.tied[0] in strategies:
+        taken = strategies[graph.tied[0]].sync_axes
+        axes = tuple(a for a in axes if a not in taken)
+    return axes
 
 
 def kept_bytes(graph: SpmdGraph, strategy: Strategy, node: int,
@@ -158,5 +183,6 @@ class ShardingPlan:
         return {"mesh": list(self.mesh.shape), "dtype": self.dtype, "ops": ops}
 
 
-__all__ = ["ShardingPlan", "edge_collectives", "grad_bytes", "kept_bytes", "saved_bytes",
-           "static_bytes"]
+__all__ = ["ShardingPlan", "edge_collectives", "grad_bytes", "grad_sync", "grad_sync_axes",
+           "kept_bytes",
+           "saved_bytes", "static_bytes"]

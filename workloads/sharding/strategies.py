@@ -139,7 +139,8 @@ def make_strategy(node: Node, roles: tuple[str, ...], mesh: DeviceMesh) -> Strat
     work_div = math.prod(n for s, n in zip(split, mesh.shape, strict=True) if s)
     param_div = math.prod(n for r, n in zip(roles, mesh.shape, strict=True) if ROLE_IO[r][3])
     sync = tuple(a for a, r in enumerate(roles)
-                 if ROLE_IO[r][4] and node.op.params > 0 and mesh.shape[a] > 1)
+                 if ROLE_IO[r][4] and (node.op.params > 0 or node.tied_params > 0)
+                 and mesh.shape[a] > 1)
     in_specs = tuple(ins for _ in node.srcs)
     act_div = shard_factor(ins, mesh) if node.srcs else 1
     comm: list[Collective] = []

@@ -114,3 +114,32 @@ def test_plan_memory_is_the_engine_peak_with_recompute(model: str, seed: int) ->
     result = run_program(program)
     assert result.peak_memory_bytes == pytest.approx(plan.memory_bytes(), rel=1e-9)
     assert "recompute" in set(program.table().kind_names)
+
+
+def test_a_tied_head_reduces_its_gradient_where_the_embedding_does_not() -> None:
+    """GPT-3's LM head reads the embedding's tied V×h weight (params 0 on the head). Its
+    gradient is reduced once over the union of the axes where the embedding or the head
+    splits the batch: the head's share over the axes the embedding leaves out, and over all
+    of its own when costed without the embedding (a block alone). An untied model has no pair.
+    (The head's share was once reduced nowhere: a review helper's finding.)"""
+    from trainsim.workloads.sharding.plan import grad_sync, grad_sync_axes
+    from trainsim.workloads.sharding.strategies import make_strategy
+
+    graph = _graph("gpt3-125m")
+    spec = graph.graph.spec
+    assert graph.tied is not None
+    emb, head = graph.tied
+    assert graph.nodes[head].op.name == "lm_head" and graph.nodes[head].op.params == 0
+    assert graph.nodes[head].tied_params == spec.vocab_size * spec.hidden
+    mesh = DeviceMesh((2, 4))
+    head_dp = make_strategy(graph.nodes[head], ("dp", "dp"), mesh)
+    emb_dp_rep = make_strategy(graph.nodes[emb], ("dp", "rep"), mesh)
+    assert head_dp.sync_axes == (0, 1) and emb_dp_rep.sync_axes == (0,)
+    both = {emb: emb_dp_rep, head: head_dp}
+    assert grad_sync_axes(graph, both, head) == (1,)
+    sync, = grad_sync(graph, both, head, mesh, "fp16")
+    assert (sync.axis, sync.kind) == (1, "all_reduce")
+    assert sync.size_bytes == spec.vocab_size * spec.hidden * 2
+    assert grad_sync_axes(graph, {head: head_dp}, head) == (0, 1)
+    untied = build_spmd_graph(build_graph(get_model("llama2-7b"), 8, 512))
+    assert untied.tied is None and all(n.tied_params == 0 for n in untied.nodes)
