@@ -21,7 +21,14 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainsim.errors import SpecError, TraceError, TrainsimError, UnknownNameError, unknown_name
+from trainsim.errors import (
+    DataFileError,
+    SpecError,
+    TraceError,
+    TrainsimError,
+    UnknownNameError,
+    unknown_name,
+)
 from trainsim.hwmodels.calibration import Calibration, load_calibration
 from trainsim.hwmodels.catalog_views import catalog_gpus, describe_hardware
 from trainsim.hwmodels.catalog_views import describe_cluster as _cluster_view
@@ -356,7 +363,11 @@ def calibrate_ops(profile: str | Path | ProfileDB, gpu: str, dtype: str = "fp16"
         raise SpecError(f"--gpu {spec.name}: the profile was measured on device {device!r} "
                         f"({where}); calibrate a GPU from op times measured on it (sim profile "
                         f"--device cuda, a Kineto trace of a GPU run, or bench/gpu_record.py)")
-    fit = fit_op_efficiency(db, spec, dtype)
+    try:
+        fit = fit_op_efficiency(db, spec, dtype)
+    except DataFileError as exc:
+        name = where if isinstance(profile, ProfileDB) else str(profile)
+        raise DataFileError(f"{name}, --gpu {spec.name}: {exc}") from None
     source = (f"sim calibrate ops: fit to {fit.rows} measured op times ({where}); op-time "
               f"MAPE {fit.mape_before:.1%} -> {fit.mape_after:.1%}, held-out "
               f"{fit.holdout_mape:.1%}")

@@ -91,9 +91,10 @@ def _hint(steps: int, nodes: int, unit_s: float) -> str | None:
         raise SpecError(f"--unit-s {unit_s:g}: about {steps:,} crashing steps over {nodes} "
                             f"instructions, some {minutes:,.0f} minutes of work; give --unit-s "
                             f"{unit_s * work / LARGE_WORK:.2g} or more for well under a minute")
-    return (f"hint: about {steps:,} crashing steps over {nodes} instructions (about "
-            f"{minutes:.0f} minutes); a larger --unit-s (now {unit_s:g} s) needs "
-            f"proportionally fewer steps")
+    took = f"about {minutes:.0f} minutes" if minutes >= 1.5 else \
+        f"about {work / WORK_PER_S:.0f} seconds"
+    return (f"hint: about {steps:,} crashing steps over {nodes} instructions ({took}); a "
+            f"larger --unit-s (now {unit_s:g} s) needs proportionally fewer steps")
 
 
 def _check_work(dag: Any, unit_s: float) -> None:

@@ -180,3 +180,11 @@ def test_the_default_plan_on_the_readme_mixed_cluster() -> None:
     plan = api.make_plan(api.load_model("gpt3-1.3b"),
                          api.load_cluster("1x8xA100-SXM4-40GB+7x4xA10"))
     assert (plan.dp, plan.pp, plan.global_batch) == (36, 1, 504)
+
+
+def test_non_utf8_cluster_and_plan_files_name_themselves(tmp_path: Path) -> None:
+    for name, load in (("c.yaml", api.load_cluster), ("p.json", api.read_plan)):
+        path = tmp_path / name
+        path.write_bytes(b"\xff\xfe\x00bad")
+        with pytest.raises(TrainsimError, match=rf"{name.replace('.', '[.]')}: not UTF-8 text"):
+            load(str(path))

@@ -763,15 +763,20 @@ class ParallelPlan:
         # (workloads/lowering/layout.py `_check_stage_clocks`); here, some GPU type must run it.
         firsts = [sum(_group_gpus(g) for g in groups[:i]) for i in range(len(groups))]
         types = list({gpu.name: gpu for gpu in map(cluster.gpu, firsts)}.values())
-        for f in [self.freq_mhz, *(self.stage_freq_mhz or ()),
-                  *(v for _, v in self.instruction_freq_mhz)]:
+        named = [("plan.freq_mhz", self.freq_mhz, True),
+                 *((f"plan.stage_freq_mhz[{i}]", f, False)
+                   for i, f in enumerate(self.stage_freq_mhz or ())),
+                 *((f"plan.instruction_freq_mhz[{k!r}]", f, False)
+                   for k, f in self.instruction_freq_mhz)]
+        for field, f, everywhere in named:
             if f is None:
                 continue
             misfits = [g for g in types if not g.sm_clock_min_mhz <= f <= g.sm_clock_max_mhz]
-            if misfits and (f == self.freq_mhz or len(misfits) == len(types)):
+            if misfits and (everywhere or len(misfits) == len(types)):
                 gpu = misfits[0]
-                raise PlanError(f"plan frequency {f:g} MHz is outside {gpu.name}'s SM clock "
-                                f"range {gpu.sm_clock_min_mhz:g}–{gpu.sm_clock_max_mhz:g} MHz")
+                raise PlanError(f"{field}: plan frequency {f:g} MHz is outside {gpu.name}'s SM "
+                                f"clock range {gpu.sm_clock_min_mhz:g}–{gpu.sm_clock_max_mhz:g} "
+                                f"MHz")
 
     def _check_node_order(self, groups: list[Any]) -> None:
         """`node_order` is a permutation of the cluster's nodes, alone (not with placement)."""

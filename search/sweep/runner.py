@@ -386,9 +386,9 @@ def _run(spec: SweepSpec, path: Path, runner: Any, pa: Any, *, force: bool, limi
     dropped = sum(1 for k in previous if k not in keys)
     if dropped and not drop_stale:
         raise SpecError(f"--out {str(path)!r} holds {dropped} rows of scenarios this spec does "
-                        f"not have (another spec's table, or this spec changed): give another "
-                        f"--out, --drop-stale to drop those rows and resume, or --force to "
-                        f"start over")
+                        f"not have (another spec's table; or this spec, a model or cluster file "
+                        f"it names, or trainsim's version changed): give another --out, "
+                        f"--drop-stale to drop those rows and resume, or --force to start over")
     skipped = len(rows)
     if limit is not None:
         todo = todo[:limit]

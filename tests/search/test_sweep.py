@@ -433,3 +433,19 @@ def test_zero_workers_means_one_per_cpu_as_in_pareto() -> None:
     assert check_workers(0) == check_workers(None) == default_workers()
     with pytest.raises(SpecError, match="0 \\(one per CPU\\)"):
         check_workers(-1)
+
+
+def test_cli_refuses_stale_rows_unless_drop_stale(tmp_path: Path, sim: Sim) -> None:
+    """Another spec's table is refused with one line naming --drop-stale and --force; with
+    --drop-stale the rows the spec still has are kept and the rest dropped."""
+    out = str(tmp_path / "t.parquet")
+    first = str(_write_spec(tmp_path / "a.yaml", {**SMALL, "knobs": {"global_batch": [32]}}))
+    code, _, _ = sim(["sweep", first, "--out", out, "--workers", "1"])
+    assert code == 0
+    second = str(_write_spec(tmp_path / "b.yaml", {**SMALL, "knobs": {"global_batch": [64]}}))
+    code, _, err = sim(["sweep", second, "--out", out, "--workers", "1"])
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--drop-stale" in err and "--force" in err
+    code, text, _ = sim(["sweep", second, "--out", out, "--workers", "1", "--drop-stale"])
+    assert code == 0 and "dropped" in text
+    assert sorted({r["global_batch"] for r in table_rows(read_table(Path(out)))}) == [64]
