@@ -93,7 +93,11 @@ def edge_cost_s(pricing: OraclePricing | AlphaBetaPricing, graph: SpmdGraph, src
 def formula_time_s(pricing: OraclePricing | AlphaBetaPricing, graph: SpmdGraph,
                    nodes: tuple[int, ...], option: tuple[Strategy, ...]) -> float:
     """A block option's time as the sum of its parts (no engine): passes, own collectives,
-    internal edges and per-op gradient reductions."""
+    internal edges and per-op gradient reductions. A tied LM head's block does not hold the
+    embedding, so it reduces the tied weight over all of its batch-split axes, and the axes
+    both split are counted twice (once here, once in the embedding's block): the search's
+    estimate is one V×h reduction high there; the engine's time of the whole plan
+    (`lower_plan`) reduces it once."""
     total = 0.0
     where = {n: k for k, n in enumerate(nodes)}
     by_node = dict(zip(nodes, option, strict=True))
