@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trainsim.errors import DataFileError, read_user_text
+from trainsim.errors import DataFileError
 from trainsim.hwmodels.clock_scaling import ClockScaling, parse_clock_scaling
 from trainsim.hwmodels.datafiles import check_keys, number
 from trainsim.hwmodels.gpus import get_gpu
@@ -139,7 +139,7 @@ def load_calibration(path: str | Path) -> Calibration:
     """Read and check a calibration file; errors name the file and the field."""
     p = Path(path)
     try:
-        data = json.loads(read_user_text(p))
+        data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DataFileError(f"calibration file {p} not found") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainsim.errors import DataFileError, read_user_text
+from trainsim.errors import DataFileError
 
 HASH_KEY = "sha256"
 """Header field holding the SHA-256 of the CSV rows below it; absent in old profiles."""
@@ -220,7 +220,7 @@ class ProfileDB:
         """Read a database file (see `from_csv`)."""
         path = Path(path)
         try:
-            text = read_user_text(path)
+            text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise DataFileError(f"{path}: not a text file (expected a profile CSV)") from None
         return cls.from_csv(text, str(path))

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainsim.errors import TraceError, read_user_text
+from trainsim.errors import TraceError
 
 BACKWARD_KINDS = {
     "AddmmBackward0": "matmul", "MmBackward0": "matmul", "LinearBackward0": "matmul",
@@ -181,7 +181,7 @@ def read_json(path: str | Path) -> Any:
     """Load a JSON file; a truncated or non-JSON file is a TraceError naming the path."""
     path = Path(path)
     try:
-        text = read_user_text(path)
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not a text file (expected a JSON trace)") from None
     try:
