@@ -89,8 +89,8 @@ def _hint(steps: int, nodes: int, unit_s: float) -> str | None:
     minutes = work / WORK_PER_S / 60
     if work > MAX_WORK:
         raise SpecError(f"--unit-s {unit_s:g}: about {steps:,} crashing steps over {nodes} "
-                            f"instructions, some {minutes:,.0f} minutes of work; give --unit-s "
-                            f"{unit_s * work / LARGE_WORK:.2g} or more for well under a minute")
+                        f"instructions, some {minutes:,.0f} minutes of work; give --unit-s "
+                        f"{unit_s * work / LARGE_WORK:.2g} or more for well under a minute")
     took = f"about {minutes:.0f} minutes" if minutes >= 1.5 else \
         f"about {work / WORK_PER_S:.0f} seconds"
     return (f"hint: about {steps:,} crashing steps over {nodes} instructions ({took}); a "
@@ -98,12 +98,15 @@ def _hint(steps: int, nodes: int, unit_s: float) -> str | None:
 
 
 def _check_work(dag: Any, unit_s: float) -> None:
-    """Refuse, before it is set up, crashing work over an hour (`MAX_WORK`): a fine --unit-s
-    takes minutes to prepare before the first step reports its size."""
+    """Refuse, before it is set up, crashing work over an hour (`MAX_WORK`) when --unit-s is
+    finer than `ESTIMATE_UNIT_S`: such a unit takes minutes to prepare before the first step
+    reports its size. At coarser units that first step is cheap, and `_progress`'s first tick
+    refuses the same work before any step runs (estimating it here would prepare it twice)."""
     # deferred: start-up time (the energy planner compiles numba kernels at import)
-    from trainsim.search.energy.planner import estimate_steps
+    from trainsim.search.energy.planner import ESTIMATE_UNIT_S, estimate_steps
 
-    _hint(estimate_steps(dag, unit_s), dag.num_nodes, unit_s)
+    if unit_s < ESTIMATE_UNIT_S:
+        _hint(estimate_steps(dag, unit_s), dag.num_nodes, unit_s)
 
 
 @contextmanager

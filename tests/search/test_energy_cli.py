@@ -228,3 +228,18 @@ def test_gpu_in_model_mode_is_refused() -> None:
                                    "2xA100-SXM4-80GB", "--pp", "2", "--microbatches", "2",
                                    "--gpu", "FOO"])
     assert res.exit_code == 2 and "--gpu FOO: applies to --profile mode" in res.output
+
+
+def test_over_an_hour_at_a_coarse_unit_is_refused_at_the_first_tick(tmp_path, monkeypatch
+                                                                    ) -> None:
+    """At units coarser than the estimate's, the first progress tick refuses the work (before
+    any crashing step), so the command does not prepare it twice."""
+    from trainsim.commands import energy as energy_commands
+
+    path = tmp_path / "p.csv"
+    path.write_text(CSV)
+    monkeypatch.setattr(energy_commands, "LARGE_WORK", 1)
+    monkeypatch.setattr(energy_commands, "MAX_WORK", 1)
+    res = CliRunner().invoke(app, ["frontier", "--profile", str(path), "--microbatches", "2",
+                                   "--blocking-power-w", "10"])
+    assert res.exit_code == 2 and "minutes of work; give --unit-s" in res.output
