@@ -70,9 +70,8 @@ def search_command(
     mesh: str | None = _MESH,
 ) -> None:
     """Search parallel plans for MODEL on CLUSTER and print the best ones."""
-    if method not in INTRAOP_METHODS and method not in tuple(PLANNERS):
-        raise SpecError(str(unknown_name("search method", method,
-                                         (*tuple(PLANNERS), *INTRAOP_METHODS))))
+    if method not in INTRAOP_METHODS and method not in PLANNERS:
+        raise SpecError(str(unknown_name("search method", method, (*PLANNERS, *INTRAOP_METHODS))))
     if mesh is not None and method not in INTRAOP_METHODS:
         raise SpecError(f"--mesh applies to the intra-op methods ({', '.join(INTRAOP_METHODS)})"
                         f"; --method {method} plans the whole cluster")

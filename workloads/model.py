@@ -47,9 +47,9 @@ SELECTIVE_POLICIES = ("megatron", "op")
 policy (`workloads.layer.Layer.op_sac`)."""
 
 MAX_LAYERS = 100_000
-"""Most layers (or decoder layers, or Wide-ResNet blocks) a model may have: about 800× the deepest
-published transformer (Llama 3.1 405B: 126) and 100× Aceso's 1,000-layer stress test. Lowering
-is linear in layers (`sim simulate` of a 100,000-layer GPT took 2.4 s to refuse on --max-tasks,
+"""Most layers (or decoder layers, or Wide-ResNet blocks) a model may have: about 800× the
+deepest published transformer (Llama 3.1 405B: 126) and 100× Aceso's 1,000-layer stress test.
+Lowering is linear in layers (`sim simulate` of a 100,000-layer GPT took 2.4 s to refuse on --max-tasks,
 a 1,000,000-layer one 18 s); at 100,000,000 it ran out of time and memory before any check."""
 
 

@@ -2,8 +2,9 @@
 
 One place for what `sim simulate` with no plan flags means, so the CLI, the Python API and the
 planners agree: every GPU in one pipeline when the model has enough layers (else data
-parallelism), global batch 512 (Megatron-LM's GPT-3 1.3B runs; rounded to the nearest multiple of the
-data-parallel degree × micro-batch size where 512 is not one), and the ParallelPlan field defaults for the rest.
+parallelism), global batch 512 (Megatron-LM's GPT-3 1.3B runs; rounded to the nearest
+multiple of the data-parallel degree × micro-batch size where 512 is not one), and the
+ParallelPlan field defaults for the rest.
 """
 
 from __future__ import annotations

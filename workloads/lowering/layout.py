@@ -205,15 +205,20 @@ class LoweringLayout:
         its stage runs on (on a mixed cluster, the plan's own check only asks that some GPU
         type runs it: which stage lands on which GPUs is known only here)."""
         plan = self.plan
+        if len({g.gpu.name for g in self.cluster.node_groups}) == 1:
+            return  # one GPU type: the plan's check was this one
         checks = [(f"plan.stage_freq_mhz[{s}]", s, f)
                   for s, f in enumerate(plan.stage_freq_mhz or ())]
         for key, f in plan.instruction_freq_mhz:
             vstage = action_stage(key)
             if vstage < plan.num_stages:  # a key for another stage count applies to none
                 checks.append((f"plan.instruction_freq_mhz[{key!r}]", self.phys_stage(vstage), f))
+        types: dict[int, list[GpuSpec]] = {}
         for field, phys, f in checks:
-            for gpu in {self.cluster.gpu(r).name: self.cluster.gpu(r)
-                        for r in self.stage_gpu_ranks[phys]}.values():
+            if phys not in types:
+                gpus = map(self.cluster.gpu, self.stage_gpu_ranks[phys])
+                types[phys] = list({g.name: g for g in gpus}.values())
+            for gpu in types[phys]:
                 lo, hi = gpu.sm_clock_min_mhz, gpu.sm_clock_max_mhz
                 if not lo <= f <= hi:
                     raise PlanError(f"{field}={f:g} MHz is outside {gpu.name}'s SM clock range "

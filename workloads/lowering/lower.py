@@ -36,8 +36,9 @@ first group's links for all: an approximation. `python bench/folding.py` (GPT-3 
 dp × tp × pp; 2026-11-27): on 4, 8 and 16 V100-SXM2 folded time equals unfolded on 18 of 26
 plans and is −0.81 % to +0.24 % off on the others, energy up to 0.45 %; on 8 A100-SXM4 (NVSwitch)
 all 9 are identical. There, `sim simulate --unfold` is the exact answer.
-`LoweringOptions(fold=False)` lowers every GPU as its own rank (so do plans whose tensor-parallel groups mix GPU types, or
-whose stages have different replicas and mix GPU types inside a stage).
+`LoweringOptions(fold=False)` lowers every GPU as its own rank (so do plans whose
+tensor-parallel groups mix GPU types, or whose stages have different replicas and mix GPU
+types inside a stage).
 
 **Replicas.** Each replica runs `dp_batch_split[d] / micro_batch_size` micro-batches; replicas
 of one count share a schedule (`ScheduleGroup`), and lowering walks each group's schedule over

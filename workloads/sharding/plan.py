@@ -184,5 +184,4 @@ class ShardingPlan:
 
 
 __all__ = ["ShardingPlan", "edge_collectives", "grad_bytes", "grad_sync", "grad_sync_axes",
-           "kept_bytes",
-           "saved_bytes", "static_bytes"]
+           "kept_bytes", "saved_bytes", "static_bytes"]
