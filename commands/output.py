@@ -106,10 +106,15 @@ def _check_writable_dir(folder: Path, what: str, *, create: bool) -> None:
 
 
 def check_new_file(path: Path | None, force: bool, what: str | None = None, *,
-                   create_parents: bool = False) -> None:
+                   create_parents: bool = True) -> None:
     """Before any work: refuse to overwrite an existing `path` (a `what`: "timeline",
     "trace", ...) unless `force`, a folder in its place, and a path that cannot be written
-    (its folder missing — unless the writer makes it, `create_parents` — or read-only)."""
+    (read-only, or its folder missing and, with `create_parents`, not makeable).
+
+    Every command's file outputs make their missing folders, as `--out` folders are made:
+    `--timeline runs/a/t.html` works the same for every command. They are made here, once the
+    checks pass, so the writer at the end (whichever module it is) finds them; a run refused
+    later leaves an empty folder, nothing else."""
     if path is None:
         return
     name = str(path) if what is None else f"{what} {str(path)!r}"
@@ -120,6 +125,8 @@ def check_new_file(path: Path | None, force: bool, what: str | None = None, *,
     if path.exists() and not os.access(path, os.W_OK):
         raise SpecError(f"{name} is not writable")
     _check_writable_dir(path.parent, name, create=create_parents)
+    if create_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
 
 
 def check_out_dir(out: Path | None, names: Iterable[str], force: bool) -> None:

@@ -70,7 +70,7 @@ def run_command(spec: str = _SPEC, out: Path = _OUT, executor: str = _EXECUTOR,
                 limit: int | None = _LIMIT, force: bool = _FORCE,
                 drop_stale: bool = _DROP_STALE) -> None:
     """Run every scenario of SPEC missing from the table, and write the table."""
-    check_new_file(out, True, "--out", create_parents=False)
+    check_new_file(out, True, "--out")
     with counting_bar("sweep") as bar:
 
         def tick(done: int, total: int) -> None:

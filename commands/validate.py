@@ -36,7 +36,7 @@ def profile_command(
 ) -> None:
     """Time the zoo's op kinds and the collectives on this machine into a profile database."""
     api.check_device(device)
-    check_new_file(out, force, create_parents=True)
+    check_new_file(out, force)
     db = api.profile_ops(model, micro_batch_size=micro_batch, processes=processes, warmup=warmup,
                      repeats=repeats, device=device)
     db.save(out, force=force)
@@ -63,7 +63,7 @@ def trace_command(
 ) -> None:
     """Run real training iterations with a parallel plan and record a trace."""
     api.check_device(device)
-    check_new_file(out, force, create_parents=True)
+    check_new_file(out, force)
     command = "sim trace " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
     trace = api.record_trace(model, plan, micro_batch_size=micro_batch,
                              num_micro_batches=micro_batches, iterations=iterations,

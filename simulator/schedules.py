@@ -147,9 +147,13 @@ def zb_h1(p: int, m: int) -> Schedule:
     batches on every rank -- 1F1B's peak on rank 0, counted in micro-batches. In bytes a later
     rank can peak above 1F1B's: where its micro-batches hold more (the last stage keeps the LM
     head's logits; under full recompute, the recomputed activations) it holds p of them, not 1.
-    The lowering frees a micro-batch's activations at its W, all of them (what the I pass alone
-    needed could go at I; not modelled). This is the order torch's
-    `ScheduleInterleavedZeroBubble` generates with one stage per rank (its idle slots removed);
+    The lowering frees a micro-batch's activations at its W, all of them. Freeing at I what
+    only I needed would save little: W (dW = Xᵀ·dY) keeps every linear's input X and needs the
+    output gradients dY that I computed, which 1F1B never holds. Per GPT layer (Korthikanti et
+    al. 2022's bytes, 16-bit) the X are 14·sbh and the dY 18·sbh, against 34·sbh (+ 5·as²b
+    without FlashAttention) kept: freeing at I and holding dY would save 2·sbh (plus the score
+    terms), and at the head dY is the logits' gradient, as large as the logits. This is the
+    order torch's `ScheduleInterleavedZeroBubble` generates with one stage per rank (its idle slots removed);
     tests/simulator/test_torch_schedules.py checks they agree.
     """
     _check_sizes(p, m)

@@ -38,12 +38,26 @@ def test_allow_oom_reports_and_exits_0(capsys: pytest.CaptureFixture[str]) -> No
 
 
 @pytest.mark.parametrize("flag", ["--timeline", "--trace", "--save-plan"])
-def test_an_output_in_a_missing_folder_is_refused_before_the_run(
+def test_an_output_in_a_missing_folder_gets_the_folder(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str) -> None:
+    """File outputs make their missing folders, as `sim trace --out` and every `--out`
+    folder do (one rule for every command)."""
+    target = tmp_path / "runs" / "a" / "out.file"
+    code, _, err = _run(capsys, "simulate", "--model", "gpt3-125m", "--global-batch", "4",
+                        flag, str(target))
+    assert code == 0, err
+    assert target.is_file()
+
+
+@pytest.mark.parametrize("flag", ["--timeline", "--trace", "--save-plan"])
+def test_an_output_whose_folder_cannot_be_made_is_refused_before_the_run(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str) -> None:
+    (tmp_path / "a-file").write_text("x")
     code, out, err = _run(capsys, "simulate", "--model", "gpt3-125m", "--global-batch", "4",
-                          flag, str(tmp_path / "missing" / "out.file"))
+                          flag, str(tmp_path / "a-file" / "sub" / "out.file"))
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and "does not exist" in err and flag.lstrip("-") in err
+    assert err.count("\n") == 1 and "is not a folder" in err and flag.lstrip("-") in err
+    assert not (tmp_path / "a-file").is_dir()
 
 
 def test_an_output_that_is_a_folder_is_refused(capsys: pytest.CaptureFixture[str],

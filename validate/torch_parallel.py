@@ -45,6 +45,7 @@ from trainsim.validate.devices import (
     worker_cores,
     worker_device,
 )
+from trainsim.validate.native_stderr import filtered_native_stderr
 from trainsim.validate.profiler import max_over_ranks, reference_gemm_s
 from trainsim.validate.small_models import get_validation_model
 from trainsim.validate.worker_limits import (
@@ -227,7 +228,8 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
         if dev.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
             torch.cuda.reset_peak_memory_stats(dev)
-        with profile(activities=activities, profile_memory=True) as prof:
+        with filtered_native_stderr(), profile(activities=activities,
+                                               profile_memory=True) as prof:
             iteration(None)
         tm.profiling(False)
         cuda_peak = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
