@@ -9,8 +9,9 @@ the zoo ops is the head split/merge copies around the attention core (framework 
 comparison reports as such).
 
 With a pipeline, a stage holding the head keeps its own copy of the (tied) word embedding,
-updated by its own optimizer (Megatron-LM all-reduces the two copies' gradients; the small
-models here skip that, as the lowering models no such collective). T5 (encoder-decoder) runs as
+updated by its own optimizer; validate/torch_parallel.py all-reduces the two copies' gradients
+after the data-parallel reduction, as Megatron-LM does and the lowering models
+(gradient_sync.py `tied_sync`). T5 (encoder-decoder) runs as
 one stage only (data parallelism).
 
 Per-op events: while `profiling(True)` is on, each zoo op runs inside a

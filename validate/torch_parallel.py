@@ -75,9 +75,12 @@ def rank_layout(rank: int, dp: int, tp: int) -> tuple[int, int, int]:
     return rank // per_stage, (rank % per_stage) // tp, rank % tp
 
 
-def _groups(dist: Any, world: int, dp: int, tp: int, pp: int, rank: int) -> tuple[Any, Any]:
-    """This rank's tensor- and data-parallel process groups (every rank creates every group)."""
-    tp_group = dp_group = None
+def _groups(dist: Any, world: int, dp: int, tp: int, pp: int, rank: int
+            ) -> tuple[Any, Any, Any]:
+    """This rank's tensor-parallel, data-parallel and embedding process groups (every rank
+    creates every group). The embedding group pairs a pipeline's first and last rank, which
+    hold the two copies of the tied word embedding (None without a pipeline)."""
+    tp_group = dp_group = emb_group = None
     for s in range(pp):
         for d in range(dp):
             ranks = [s * dp * tp + d * tp + t for t in range(tp)]
@@ -89,7 +92,13 @@ def _groups(dist: Any, world: int, dp: int, tp: int, pp: int, rank: int) -> tupl
             g = dist.new_group(ranks) if dp > 1 else None
             if rank in ranks:
                 dp_group = g
-    return tp_group, dp_group
+    for d in range(dp if pp > 1 else 0):
+        for t in range(tp):
+            ranks = [d * tp + t, (pp - 1) * dp * tp + d * tp + t]
+            g = dist.new_group(ranks)
+            if rank in ranks:
+                emb_group = g
+    return tp_group, dp_group, emb_group
 
 
 def _worker(rank: int, cfg: dict[str, Any]) -> None:
@@ -111,7 +120,7 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
         return time.perf_counter()
 
     try:
-        tp_group, dp_group = _groups(dist, world, dp, tp, pp, rank)
+        tp_group, dp_group, emb_group = _groups(dist, world, dp, tp, pp, rank)
         spec = get_validation_model(cfg["model"])
         stage, replica, t = rank_layout(rank, dp, tp)
         model = tm.build_stage(spec, stage=stage, pp=pp, tp=tp, tp_rank=t,
@@ -182,6 +191,11 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                 for g in grads:
                     g.copy_(flat[offset:offset + g.numel()].view_as(g))
                     offset += g.numel()
+            if emb_group is not None and spec.tied_embeddings:
+                # the two copies of the tied word embedding get the same gradient, as
+                # Megatron-LM's embedding group does after the data-parallel reduction
+                with op_clock.comm():
+                    dist.all_reduce(model.wte.grad, group=emb_group)
             t1 = clock()
             optimizer.step()
             t2 = clock()

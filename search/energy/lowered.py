@@ -18,7 +18,11 @@ prediction accounts for it:
   rank's step after its last instruction, with its energy and blocking power over the longer
   iteration. This is exact while no two transfers share a link at once; the engine's fluid
   model shares bandwidth when they do (an activation and a gradient arriving at one stage
-  together), which is the remaining (small) difference.
+  together), which is the remaining (small) difference;
+* for a model whose LM head is tied to the embedding, the all-reduce of the two copies'
+  gradients between the first and the last stage (gradient_sync.py `tied_sync`): fixed cost
+  too, read off the program; it starts when both stages' last instructions have ended, and
+  both stages' optimizer steps wait for it.
 
 Tensor-parallel collectives, data-parallel gradient sync and ZeRO traffic are not in the
 prediction: `LoweredExtras.from_program` refuses programs that have them.
@@ -46,6 +50,8 @@ from trainsim.workloads.plan import ParallelPlan
 #: Task kinds `predict` accounts for; a lowered program with any other kind is refused.
 MODELLED_KINDS: frozenset[str] = frozenset(
     {"forward", "backward", "recompute", "optimizer", "p2p"})
+TIED_SYNC_NAME = "embedding.all_reduce"
+"""The one collective `predict` accounts for (the tied embedding's, gradient_sync.py)."""
 
 _P2P_NAME = re.compile(r"^s(\d+)>(\d+)\.([FB])(\d+)$")
 
@@ -76,6 +82,8 @@ class LoweredExtras:
     """Per stage: optimizer step time (s); zeros without the step."""
     step_energy_j: np.ndarray
     """Per stage: optimizer step energy over the stage's GPUs (J)."""
+    tied_sync: tuple[int, int, float] | None = None
+    """(first stage, head's stage, time s) of the tied embedding's all-reduce; None without."""
 
     @classmethod
     def none(cls, dag: InstructionDag) -> LoweredExtras:
@@ -100,7 +108,14 @@ class LoweredExtras:
         delay: dict[tuple[int, int], float] = {}
         step_t = np.zeros(dag.num_stages)
         step_e = np.zeros(dag.num_stages)
+        tied: tuple[int, int, float] | None = None
         for task in program.tasks:
+            if task.name == TIED_SYNC_NAME and len(task.ranks) == 2:
+                a, b = sorted(task.ranks)
+                took = task.duration_s + (task.comm_bytes / min(bw[lid] for lid in task.links)
+                                          if task.links and task.comm_bytes > 0 else 0.0)
+                tied = (a, b, took + (tied[2] if tied is not None else 0.0))
+                continue
             if task.kind not in MODELLED_KINDS:
                 raise SpecError(f"lowered program has {task.kind!r} task {task.name!r}: the "
                                 f"energy prediction models only {sorted(MODELLED_KINDS)} "
@@ -118,7 +133,8 @@ class LoweredExtras:
                 alone = task.duration_s + (task.comm_bytes / min(bw[lid] for lid in task.links)
                                            if task.links and task.comm_bytes > 0 else 0.0)
                 delay[edge] = delay.get(edge, 0.0) + alone
-        return cls(edge_delay_s=delay, step_time_s=step_t, step_energy_j=step_e)
+        return cls(edge_delay_s=delay, step_time_s=step_t, step_energy_j=step_e,
+                   tied_sync=tied)
 
 
 def _finish(dag: InstructionDag, t: np.ndarray, extras: LoweredExtras) -> np.ndarray:
@@ -132,6 +148,24 @@ def _finish(dag: InstructionDag, t: np.ndarray, extras: LoweredExtras) -> np.nda
     return finish
 
 
+def _stage_ends(dag: InstructionDag, finish: np.ndarray, extras: LoweredExtras
+                ) -> list[float]:
+    """Per stage: when its optimizer step ends (after the tied all-reduce where it has one)."""
+    last = [float(finish[order[-1]]) for order in dag.stage_order]
+    if extras.tied_sync is not None:
+        a, b, took = extras.tied_sync
+        last[a] = last[b] = max(last[a], last[b]) + took
+    return [end + float(extras.step_time_s[s]) for s, end in enumerate(last)]
+
+
+def _latest_last(extras: LoweredExtras, horizon: float, s: int) -> float:
+    """The latest a stage's last instruction may end for its step to end by `horizon`."""
+    if extras.tied_sync is not None and s in extras.tied_sync[:2]:
+        a, b, took = extras.tied_sync
+        return horizon - max(extras.step_time_s[a], extras.step_time_s[b]) - took
+    return horizon - extras.step_time_s[s]
+
+
 def predict(dag: InstructionDag, freq_mhz: np.ndarray, extras: LoweredExtras
             ) -> tuple[float, float]:
     """(iteration time s, energy J) of a plan with the lowering's fixed work added.
@@ -142,7 +176,7 @@ def predict(dag: InstructionDag, freq_mhz: np.ndarray, extras: LoweredExtras
     """
     t, e = dag.node_time_energy(np.asarray(freq_mhz, dtype=float))
     finish = _finish(dag, t, extras)
-    ends = [finish[order[-1]] + extras.step_time_s[s] for s, order in enumerate(dag.stage_order)]
+    ends = _stage_ends(dag, finish, extras)
     time_s = float(max(ends))
     busy = float(t.sum() + extras.step_time_s.sum())
     energy = float(e.sum() + extras.step_energy_j.sum()
@@ -170,14 +204,13 @@ def tighten(dag: InstructionDag, freq_mhz: np.ndarray, deadline_s: float,
     for _ in range(sum(len(c) for c in clocks) + 1):
         t, _ = dag.node_time_energy(freq)
         finish = _finish(dag, t, extras)
-        ends = [finish[i] + extras.step_time_s[s] for i, s in last.items()]
-        horizon = max(ends)
+        horizon = max(_stage_ends(dag, finish, extras))
         if horizon <= deadline_s + tol:
             break
         latest = np.full(dag.num_nodes, np.inf)
         for i in range(dag.num_nodes - 1, -1, -1):
             if i in last:
-                latest[i] = horizon - extras.step_time_s[last[i]]
+                latest[i] = _latest_last(extras, horizon, last[i])
             for j in succ[i]:
                 latest[i] = min(latest[i], latest[j] - t[j]
                                 - extras.edge_delay_s.get((i, j), 0.0))

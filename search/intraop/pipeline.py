@@ -69,12 +69,17 @@ from trainsim.workloads.sharding.plan import (
     edge_collectives,
     grad_bytes,
     grad_sync_axes,
+    holds_tied_copy,
     saved_bytes,
     static_bytes,
 )
 from trainsim.workloads.sharding.spec import Collective, Spec, local_bytes
 from trainsim.workloads.sharding.strategies import Strategy, sync_collectives
-from trainsim.workloads.stage_costs import ADAM_STEP_BYTES_PER_PARAM, ADAM_STEP_FLOPS_PER_PARAM
+from trainsim.workloads.stage_costs import (
+    ADAM_STEP_BYTES_PER_PARAM,
+    ADAM_STEP_FLOPS_PER_PARAM,
+    optimizer_bytes_per_param,
+)
 
 METHOD = "intraop-pp"
 PP_CHOICES = (1, 2, 4, 8)
@@ -165,9 +170,15 @@ def stage_graph(full: SpmdGraph, layers: range) -> tuple[SpmdGraph, tuple[int, .
     for k, n in enumerate(members):
         nodes.append(Node(index=k + shift, op=n.op, layer=n.layer - layers[0] + shift,
                           srcs=tuple(s - first + shift if s >= first else 0 for s in n.srcs),
-                          in_bytes=n.in_bytes, role_class=n.role_class))
+                          in_bytes=n.in_bytes, role_class=n.role_class,
+                          tied_params=n.tied_params))
+    # a head whose embedding is on another stage keeps a copy of the tied weight
+    # (`holds_tied_copy`); the two copies' gradients are all-reduced (`_Lowering.tied_sync`)
+    local = {n.index: k + shift for k, n in enumerate(members)}
+    tied = (None if full.tied is None or not all(i in local for i in full.tied)
+            else (local[full.tied[0]], local[full.tied[1]]))
     graph = SpmdGraph(nodes=tuple(nodes), graph=full.graph, segment_keys=tuple(keys),
-                      layer_names=tuple(names), recomputable=tuple(recomp))
+                      layer_names=tuple(names), recomputable=tuple(recomp), tied=tied)
     return graph, ((-1,) if outside else ()) + tuple(n.index for n in members)
 
 
@@ -391,10 +402,38 @@ class _Lowering:
             self.sent_bwd[(s, m)] = self.p2p(s, s - 1, self.boundary_bytes(s - 1),
                                              grad_waits(0), m, "B")
 
+    def tied_sync(self) -> None:
+        """Where the LM head is on another stage than the embedding it is tied to (the first
+        stage), the two copies' weight gradients are all-reduced after each stage's own
+        reduction, GPU i of the first stage with GPU i of the head's (Megatron-LM's embedding
+        group); both optimizer steps wait for it. The bytes are the head's local shard of the
+        copy (the embedding's layout may differ: not modelled)."""
+        per_param = optimizer_bytes_per_param(self.stages[0].plan.dtype)[1]
+        for s, st in enumerate(self.stages[1:], start=1):
+            for i, node in enumerate(st.graph.nodes):
+                if holds_tied_copy(st.graph, i):
+                    div = st.plan.strategies[i].param_div
+                    self._pair_all_reduce(0, s, -(-node.tied_params // div) * per_param)
+
+    def _pair_all_reduce(self, a: int, b: int, size: float) -> None:
+        """All-reduce `size` bytes between GPU i of stage `a` and GPU i of stage `b`, after
+        both GPUs' last compute and gradient reduction."""
+        name, kind = self.b.name_template("embedding.all_reduce"), self.b.kind("all_reduce")
+        for ra, rb in zip(self.stages[a].ranks, self.stages[b].ranks, strict=True):
+            deps = sorted({*self.last_compute[a][ra], *self.sync_tail[a][ra],
+                           *self.last_compute[b][rb], *self.sync_tail[b][rb]})
+            ids = self.comm.tasks([("all_reduce", size)], name=name, arg=-1, kind=kind,
+                                  stream=self.dp, prog_ranks=(ra, rb), copies=[(ra, rb)],
+                                  deps=deps, meta=(-1, b, -1, -1))
+            self.sync_tail[a][ra] += ids[-1:]
+            self.sync_tail[b][rb] += ids[-1:]
+
     def optimizer(self, s: int) -> None:
         st = self.stages[s]
         strat = st.plan.strategies
-        params = sum(-(-n.op.params // strat[n.index].param_div) for n in st.graph.nodes)
+        params = sum(-(-(n.op.params + (n.tied_params if holds_tied_copy(st.graph, n.index)
+                                         else 0)) // strat[n.index].param_div)
+                     for n in st.graph.nodes)
         gpu = self.cluster.gpu(st.ranks[0])
         est = self.pricing.cost_model.estimate(  # type: ignore[attr-defined]
             "elementwise", ADAM_STEP_FLOPS_PER_PARAM * params,
@@ -422,6 +461,7 @@ class _Lowering:
                     moved = True
             if not moved:
                 raise RuntimeError("1F1B emission stuck (a lowering bug)")
+        self.tied_sync()
         for s in range(pp):
             self.optimizer(s)
 

@@ -73,7 +73,8 @@ def test_pareto_bad_input_is_one_line(args: list[str], word: str,
     assert word in line
 
 
-def test_search_hetero_prices_and_budget(sim: Sim) -> None:
+def test_search_hetero_prices_and_budget(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "300")  # the plan column unwrapped, whatever the plan
     base = ["search", "--method", "hetero", "--model", "gpt3-125m", "--cluster",
             "1x4xA100-SXM4-40GB+1x4xA10", "--global-batch", "16", "--tokens", "1e9"]
     code, out, err = sim(base)

@@ -172,3 +172,30 @@ def test_cli_intraop_pp(sim: Callable[[list[str]], tuple[int, str, str]],
                            "--memory-limit-gb", "0.5"])
     assert code == 3
     assert len(err.strip().splitlines()) == 1 and "smallest limit any plan meets" in err
+
+
+def test_last_stage_keeps_and_all_reduces_a_copy_of_the_tied_embedding(
+        pipelined: list[PipelineResult]) -> None:
+    """gpt3-350m's LM head reads the word embedding: with the head on another stage than the
+    embedding, that stage holds a copy (weights, gradients, optimizer states) and GPU i of
+    the first stage all-reduces the copies' gradients with GPU i of the last."""
+    from trainsim.workloads.sharding.plan import holds_tied_copy, static_bytes
+    from trainsim.workloads.stage_costs import optimizer_bytes_per_param
+
+    spec = get_model("gpt3-350m")
+    for r in pipelined:
+        first, last = r.stages[0], r.stages[-1]
+        assert not any(holds_tied_copy(first.graph, i) for i in range(len(first.graph.nodes)))
+        (head,) = [i for i in range(len(last.graph.nodes)) if holds_tied_copy(last.graph, i)]
+        node, st = last.graph.nodes[head], last.plan.strategies[head]
+        assert node.tied_params == spec.vocab_size * spec.hidden
+        dtype = last.plan.dtype
+        assert static_bytes(last.graph, st, head, dtype) == \
+            -(-node.tied_params // st.param_div) * sum(optimizer_bytes_per_param(dtype))
+        assert r.program is not None
+        fp = r.program.tasks
+        names = np.asarray(fp.name_templates)[fp.name_code]
+        syncs = np.flatnonzero(names == "embedding.all_reduce")
+        pairs = {tuple(fp.member_rank[fp.member_ptr[t]:fp.member_ptr[t + 1]].tolist())
+                 for t in syncs}
+        assert pairs == set(zip(first.ranks, last.ranks, strict=True))

@@ -64,7 +64,10 @@ def test_no_copy_without_traffic_or_data_parallelism() -> None:
 
 def test_copies_wrap_every_reduction_at_the_stated_traffic() -> None:
     program, plan = _program(6.0)
-    reductions = _tasks(program, "all_reduce")
+    # the tied embedding's all-reduce between first and last stage reduces the two copies'
+    # gradients in place (Megatron-LM's embedding group): no copies around it
+    reductions = [r for r in _tasks(program, "all_reduce")
+                  if not _name(program, r).startswith("embedding.")]
     assert len(reductions) == plan.pp  # one bucket per stage, folded
     copies = _tasks(program, "grad_copy")
     gpu, cost = CLUSTER.gpu(0), RooflineCostModel()

@@ -15,7 +15,7 @@ from trainsim.simulator.actions import Action
 from trainsim.simulator.task_table import TaskTableBuilder
 from trainsim.workloads.lowering.comm import NO_META, CommLowering, Meta, cross_unit
 from trainsim.workloads.lowering.layout import LoweringLayout
-from trainsim.workloads.op_work import InstructionCosts
+from trainsim.workloads.op_work import InstructionCosts, shared_params
 from trainsim.workloads.stage_costs import (
     ADAM_STEP_BYTES_PER_PARAM,
     ADAM_STEP_FLOPS_PER_PARAM,
@@ -210,6 +210,57 @@ class GradientSync:
         ranks = self.layout.stage_gpu_ranks[phys]
         return [([tuple(ranks[i::t]) for i in range(t)], params) for t, params in by_tp
                 if params > 0 and len(ranks) // t > 1]
+
+    def tied_sync(self, last_compute: dict[int, int]) -> None:
+        """Megatron-LM's embedding group: where the LM head sits on another stage than the word
+        embedding it is tied to, that stage keeps a copy of the weight (`shared_params`), and
+        after the data-parallel reduction the two copies' gradients are all-reduced between the
+        embedding's stage and the head's, GPU i of one with GPU i of the other (a pipeline's
+        first and last rank), so both optimizer steps apply the same update
+        (`_allreduce_embedding_grads` in Megatron-LM's finalize_model_grads; DeepSpeed's tied
+        modules do the same). Both steps wait for it; it is exposed, after the last backward.
+        Stages of different GPU counts (`stage_gpus`) pair their first GPUs only, and the
+        reduced shard is the head's stage's copy (an approximation where the two stages' tp
+        differ)."""
+        plan, layout = self.plan, self.layout
+        if plan.pp < 2 or not self.opt.communication:
+            return
+        graph = layout.graph(layout.micro_batches[0])
+        stage_of = {i: layout.phys_stage(k) for k, idx in enumerate(layout.stage_layers)
+                    for i in idx}
+        owner = [s for i, s in stage_of.items() if graph.layers[i].kind == "embedding"]
+        readers = sorted({s for i, s in stage_of.items() if graph.layers[i].shared_params})
+        if not owner or not readers:
+            return
+        for head in readers:
+            if head == owner[0]:
+                continue
+            layers = [graph.layers[i] for i, s in stage_of.items() if s == head]
+            size = shared_params(layers, plan.tp_of_stage(head)) * \
+                optimizer_bytes_per_param(plan.dtype)[1]
+            if size <= 0:
+                continue
+            self._tied_all_reduce(owner[0], head, size, last_compute)
+
+    def _tied_all_reduce(self, first: int, head: int, size: float,
+                         last_compute: dict[int, int]) -> None:
+        """`tied_sync`'s all-reduces of `size` bytes between stages `first` and `head`: one
+        task per pair of program ranks, standing for the GPU pairs they represent."""
+        layout, b = self.layout, self.b
+        prog_of = {g: p for p, gpus in enumerate(layout.represents) for g in gpus}
+        pairs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for e, h in zip(layout.stage_gpu_ranks[first], layout.stage_gpu_ranks[head]):
+            pairs.setdefault((prog_of[e], prog_of[h]), []).append((e, h))
+        name, kind, stream = (b.name_template("embedding.all_reduce"), b.kind("all_reduce"),
+                              b.stream("dp"))
+        for prog, copies in pairs.items():
+            deps = sorted({d for p in prog for d in self.dp_tail.get(p, [])}
+                          | {last_compute[p] for p in prog if p in last_compute})
+            ids = self.comm.tasks([("all_reduce", size)], name=name, arg=-1, kind=kind,
+                                  stream=stream, prog_ranks=prog, copies=copies, deps=deps,
+                                  meta=(-1, head, -1, -1))
+            for p in prog:
+                self.dp_tail.setdefault(p, []).extend(ids[-1:])
 
     def optimizer_step(self, last_compute: dict[int, int]) -> None:
         """The Adam step on each rank after its last compute (`last_compute`: program rank ->

@@ -433,6 +433,7 @@ class _Lowering:
         flush(self.b, self.pending)
         self._patch_deps()
         if self.opt.optimizer_step:
+            sync.tied_sync(self.last_compute)
             sync.optimizer_step(self.last_compute)
         return self._program()
 

@@ -45,9 +45,19 @@ def edge_collectives(graph: SpmdGraph, mesh: DeviceMesh, producer: Strategy, con
     return fwd, bwd
 
 
+def holds_tied_copy(graph: SpmdGraph, node: int) -> bool:
+    """Whether the node reads tied weights whose owner is not in `graph` (an LM head on
+    another pipeline stage than the embedding): then it keeps a copy of them, as Megatron-LM's
+    last stage does, with its own gradients and optimizer states."""
+    n = graph.nodes[node]
+    return n.tied_params > 0 and (graph.tied is None or graph.tied[1] != node)
+
+
 def static_bytes(graph: SpmdGraph, strategy: Strategy, node: int, dtype: str) -> float:
-    """Weights + gradients + optimizer states of one node's local weight shard."""
-    params = graph.nodes[node].op.params
+    """Weights + gradients + optimizer states of one node's local weight shard (a tied
+    copy it keeps included, `holds_tied_copy`)."""
+    n = graph.nodes[node]
+    params = n.op.params + (n.tied_params if holds_tied_copy(graph, node) else 0)
     return -(-params // strategy.param_div) * sum(optimizer_bytes_per_param(dtype))
 
 
@@ -184,4 +194,4 @@ class ShardingPlan:
 
 
 __all__ = ["ShardingPlan", "edge_collectives", "grad_bytes", "grad_sync", "grad_sync_axes",
-           "kept_bytes", "saved_bytes", "static_bytes"]
+           "holds_tied_copy", "kept_bytes", "saved_bytes", "static_bytes"]

@@ -1,0 +1,86 @@
+"""The tied word embedding across pipeline stages (gradient_sync.py `tied_sync`): the last
+stage keeps a copy of the weight its LM head reads, and the two copies' gradients are
+all-reduced between the first and the last stage after the backward, before both optimizer
+steps (Megatron-LM's embedding group)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from trainsim.hwmodels.cluster import parse_cluster_spec
+from trainsim.simulator.engines import run_program
+from trainsim.workloads.lowering import LoweringOptions, lower
+from trainsim.workloads.plan import ParallelPlan
+from trainsim.workloads.stage_costs import optimizer_bytes_per_param
+from trainsim.workloads.zoo import get_model
+
+CLUSTER = parse_cluster_spec("1x8xV100-PCIe-32GB")
+
+
+def _program(model: str, fold: bool = True, **fields):
+    spec = get_model(model)
+    plan = ParallelPlan.build(spec, CLUSTER, **{"global_batch": 16, "micro_batch_size": 2,
+                                                **fields})
+    return lower(spec, CLUSTER, plan, LoweringOptions(fold=fold)), plan, spec
+
+
+def _named(program, name: str) -> np.ndarray:
+    t = program.tasks
+    return np.flatnonzero(np.array(t.name_templates)[t.name_code] == name)
+
+
+def _members(program, task: int) -> tuple[int, ...]:
+    t = program.tasks
+    return tuple(int(r) for r in t.member_rank[t.member_ptr[task]:t.member_ptr[task + 1]])
+
+
+def _deps(program, task: int) -> set[int]:
+    t = program.tasks
+    return set(t.dep_idx[t.dep_ptr[task]:t.dep_ptr[task + 1]].tolist())
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_one_all_reduce_per_pipeline_between_first_and_last_stage(fold: bool) -> None:
+    program, plan, spec = _program("gpt3-350m", fold, dp=2, tp=2, pp=2)
+    syncs = _named(program, "embedding.all_reduce")
+    stage_of = {g: s for s, gpus in enumerate(program.represents) for g in gpus} \
+        if fold else None
+    # unfolded: one per (replica, tp index) = dp·tp pairs; folded: one task standing for them
+    assert len(syncs) == (1 if fold else plan.dp * plan.tp)
+    t = program.tasks
+    copy_params = spec.vocab_size * spec.hidden / plan.tp
+    for task in syncs:
+        members = _members(program, task)
+        assert len(members) == 2
+        if not fold:  # GPU i of stage 0 with GPU i of stage 1 (4 GPUs a stage)
+            assert members[1] - members[0] == 4
+        else:
+            assert stage_of is not None
+        # the copy's gradients, one 2-rank all-reduce: one ring step each way
+        grad = optimizer_bytes_per_param(plan.dtype)[1]
+        assert t.comm_bytes[task] > 0
+        assert t.comm_bytes[task] <= copy_params * grad * 1.0001
+    # both optimizer steps wait for it
+    steps = _named(program, "optimizer")
+    waiting = {int(s) for s in steps if _deps(program, int(s)) & set(syncs.tolist())}
+    assert len(waiting) == 2 * len(syncs)
+
+
+def test_none_without_a_pipeline_or_without_tied_weights() -> None:
+    assert len(_named(_program("gpt3-350m", dp=8)[0], "embedding.all_reduce")) == 0
+    assert len(_named(_program("llama2-7b", pp=8, global_batch=8, micro_batch_size=1)[0],
+                      "embedding.all_reduce")) == 0
+
+
+def test_it_costs_time_and_folded_equals_unfolded() -> None:
+    folded = run_program(_program("gpt3-350m", True, dp=2, pp=4)[0], engine="numba")
+    unfolded = run_program(_program("gpt3-350m", False, dp=2, pp=4)[0], engine="numba")
+    assert folded.iteration_time_s == pytest.approx(unfolded.iteration_time_s, rel=1e-12)
+    # the same model untied: the head's own weight, no all-reduce, a shorter step
+    spec = dataclasses.replace(get_model("gpt3-350m"), tied_embeddings=False)
+    plan = ParallelPlan.build(spec, CLUSTER, dp=2, pp=4, global_batch=16, micro_batch_size=2)
+    untied = run_program(lower(spec, CLUSTER, plan, LoweringOptions()), engine="numba")
+    assert untied.iteration_time_s < folded.iteration_time_s
