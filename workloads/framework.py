@@ -28,6 +28,7 @@ from trainsim.workloads.data_files import read_data_yaml
 from trainsim.workloads.model import (
     ATTENTION_KERNELS,
     FP8_RECIPES,
+    GRAD_REDUCE_DTYPES,
     SELECTIVE_POLICIES,
     ModelSpec,
 )
@@ -70,6 +71,9 @@ class FrameworkProfile:
         value=False, source="assumed: off unless the profile says otherwise"))
     """Whether the stack shards optimizer state over data-parallel ranks by default (Megatron's
     distributed optimizer, ZeRO-1: `ParallelPlan.zero` 1)."""
+    grad_reduce_dtype: Sourced = field(default_factory=lambda: Sourced(
+        value="param", source="assumed: the gradients' own dtype"))
+    """What the data-parallel gradient reduction carries (`ModelSpec.grad_reduce_dtype`)."""
     fp8_recipe: Sourced = field(default_factory=lambda: Sourced(
         value="dynamic", source="assumed: torchao-style dynamic scaling"))
     """How the stack's FP8 linear layers cast (`ModelSpec.fp8_recipe`)."""
@@ -161,6 +165,7 @@ _OPTIONAL: dict[str, Callable[[str, object], Sourced]] = {
     "reshard_with_pp": lambda where, raw: _sourced(where, raw, bool),
     "distributed_optimizer": lambda where, raw: _sourced(where, raw, bool),
     "fp8_recipe": lambda where, raw: _sourced(where, raw, FP8_RECIPES),
+    "grad_reduce_dtype": lambda where, raw: _sourced(where, raw, GRAD_REDUCE_DTYPES),
     "unfused_traffic": _traffic,
     "interleaved_virtual_stages": lambda where, raw: _sourced(where, raw, (2, 3, 4, 5, 6, 7, 8)),
 }
@@ -251,7 +256,8 @@ def apply_framework(spec: ModelSpec, framework: str | None = None,
                    "loss_workspace_bytes": float(profile.loss_workspace.value),
                    "fsdp_copy_out_traffic": float(profile.fsdp_copy_out.value),
                    "unfused_traffic": tuple(sorted(profile.unfused_traffic.value.items())),
-                   "fp8_recipe": str(profile.fp8_recipe.value)}
+                   "fp8_recipe": str(profile.fp8_recipe.value),
+                   "grad_reduce_dtype": str(profile.grad_reduce_dtype.value)}
     if attention is not None:
         changes["attention"] = attention
     changes = {k: v for k, v in changes.items() if getattr(spec, k) != v}

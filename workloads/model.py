@@ -45,6 +45,12 @@ FP8_RECIPES = ("dynamic", "delayed")
 SELECTIVE_POLICIES = ("megatron", "op")
 """What selective recompute drops: Megatron-LM's attention core, or torchtitan's op-level
 policy (`workloads.layer.Layer.op_sac`)."""
+GRAD_REDUCE_DTYPES = ("param", "fp32", "fp32-for-bf16")
+"""What the data-parallel gradient reduction carries per gradient (`ModelSpec.grad_reduce_dtype`):
+the training dtype's gradient ("param"), fp32 whatever the dtype ("fp32"), or fp32 when
+training in bf16 (or fp8, whose other layers are bf16) and the training dtype's otherwise
+("fp32-for-bf16")."""
+
 
 MAX_LAYERS = 100_000
 """Most layers (or decoder layers, or Wide-ResNet blocks) a model may have: about 800× the
@@ -123,6 +129,12 @@ class ModelSpec:
     ``gradient_as_bucket_view=True``; the CPU validation harness flattens its gradients into
     one buffer (validate/torch_parallel.py, 6). 0: the gradients live in the buffer
     (Megatron's contiguous gradient buffer, DDP with bucket views), or no copy is modelled."""
+    grad_reduce_dtype: str = "param"
+    """What the data-parallel gradient reduction (and the tied embedding's all-reduce) carries
+    per gradient (`GRAD_REDUCE_DTYPES`; `grad_reduce_bytes`): a framework profile sets it
+    (Megatron-LM reduces bf16 runs' gradients in fp32, torchtitan's FSDP2 reduce-scatters in
+    fp32). The gradients' memory is the training dtype's either way (not modelled: Megatron's
+    fp32 gradient buffer under bf16)."""
     fp8_recipe: str = "dynamic"
     """How FP8 linear layers cast (`FP8_RECIPES`, `Op.fp8_recipe`): "dynamic" (torchao) or
     "delayed" (Transformer Engine); a framework profile sets it."""
@@ -179,6 +191,8 @@ class ModelSpec:
             raise bad("fsdp_copy_out_traffic", "must be in [0, 64) bytes per gathered byte")
         if not 0 <= self.grad_copy_traffic < 64:
             raise bad("grad_copy_traffic", "must be in [0, 64) bytes per gradient byte")
+        if self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
+            raise bad("grad_reduce_dtype", f"is not one of {', '.join(GRAD_REDUCE_DTYPES)}")
         if self.fp8_recipe not in FP8_RECIPES:
             raise bad("fp8_recipe", f"is not one of {', '.join(FP8_RECIPES)}")
         if any(not 1 <= k <= 64 for _, k in self.unfused_traffic):

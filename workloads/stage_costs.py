@@ -186,6 +186,16 @@ def optimizer_bytes_per_param(dtype: str) -> tuple[float, float, float]:
     return 2.0, 2.0, 12.0
 
 
+def grad_reduce_bytes(policy: str, dtype: str) -> float:
+    """Bytes per gradient the data-parallel reduction carries under `ModelSpec.grad_reduce_dtype`
+    `policy` when training in `dtype`: fp32's 4 where the stack reduces in fp32 (Megatron-LM
+    under bf16 or fp8, torchtitan's FSDP2 always), else the gradient's own bytes."""
+    grad = optimizer_bytes_per_param(dtype)[1]
+    if policy == "fp32" or (policy == "fp32-for-bf16" and dtype in ("bf16", "fp8")):
+        return max(grad, 4.0)
+    return grad
+
+
 ADAM_STEP_BYTES_PER_PARAM = 28.0
 """Bytes an Adam step reads and writes per parameter it updates (mixed precision): reads the
 fp32 master weight, the gradient (2), momentum and variance (4 each); writes master, momentum,

@@ -19,6 +19,7 @@ from trainsim.workloads.op_work import InstructionCosts, shared_params
 from trainsim.workloads.stage_costs import (
     ADAM_STEP_BYTES_PER_PARAM,
     ADAM_STEP_FLOPS_PER_PARAM,
+    grad_reduce_bytes,
     optimizer_bytes_per_param,
 )
 
@@ -49,6 +50,8 @@ class GradientSync:
         """(Virtual) stages whose parameters this step has gathered (`keeps_gathered`)."""
         self.dp_tail: dict[int, list[int]] = {r: [] for r in range(layout.num_ranks)}
         """Program rank -> its gradient-reduction tasks (the optimizer step waits for them)."""
+        self.reduce_bytes = grad_reduce_bytes(layout.model.grad_reduce_dtype, self.plan.dtype)
+        """Bytes per gradient the reductions carry (the stack's `grad_reduce_dtype`)."""
 
     def keeps_gathered(self) -> bool:
         """ZeRO-3 without resharding after the forward (`ParallelPlan.reshard_after_forward`):
@@ -123,7 +126,7 @@ class GradientSync:
         after the whole backward, when the plan does not overlap the reduction."""
         if not self.plan.overlap_grad_reduce:
             return 1
-        grad_bytes = c.params * optimizer_bytes_per_param(self.plan.dtype)[1]
+        grad_bytes = c.params * self.reduce_bytes
         return max(1, min(16, round(grad_bytes / self.opt.dp_bucket_bytes)))
 
     def dp_sync(self, k: int, phys: int, c: InstructionCosts,
@@ -141,7 +144,7 @@ class GradientSync:
         backward only and later passes do not queue behind a reduction: every copy-in is
         emitted before any copy-out, as DDP copies each bucket in as it fills and back at the
         end of the backward."""
-        per_param = optimizer_bytes_per_param(self.plan.dtype)[1]
+        per_param = self.reduce_bytes
         kind = "all_reduce" if self.plan.zero == 0 else "reduce_scatter"
         n = len(per_bucket)
         b = self.b
@@ -236,8 +239,7 @@ class GradientSync:
             if head == owner[0]:
                 continue
             layers = [graph.layers[i] for i, s in stage_of.items() if s == head]
-            size = shared_params(layers, plan.tp_of_stage(head)) * \
-                optimizer_bytes_per_param(plan.dtype)[1]
+            size = shared_params(layers, plan.tp_of_stage(head)) * self.reduce_bytes
             if size <= 0:
                 continue
             self._tied_all_reduce(owner[0], head, size, last_compute)
