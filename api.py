@@ -45,6 +45,7 @@ from trainsim.search.oracle import Oracle
 from trainsim.search.planner import SearchRecord, SearchResult, SearchSpec, run_search
 from trainsim.search.sweep import SweepRun, load_spec, run_sweep, write_report
 from trainsim.simulator.engines import ENGINES, check_engine, run_program
+from trainsim.simulator.own_files import make_parent
 from trainsim.simulator.result import SimResult
 from trainsim.validate.compare import Comparison, compare
 from trainsim.validate.cpu_hardware import cpu_cluster
@@ -242,7 +243,8 @@ def save_plan(plan: ParallelPlan, path: str | Path, *, model: str, cluster: str)
     version), so `sim simulate --plan FILE` alone reproduces it. Callers check the path first
     (commands/output.py)."""
     out = Path(path)
-    out.write_text(plan_file_text(plan, model=model, cluster=cluster), encoding="utf-8")
+    make_parent(out).write_text(plan_file_text(plan, model=model, cluster=cluster),
+                                encoding="utf-8")
     return out
 
 
@@ -263,12 +265,16 @@ def make_plan(model: ModelSpec, cluster: Cluster,
     `framework` / `attention`: the model as that stack trains it (workloads/framework.py),
     for the defaults that depend on its memory; None keeps the model's own kernel. A framework
     whose profile turns sequence parallelism on with tensor parallelism (torchtitan, nemo) sets
-    `sp` when the plan has tp > 1 and neither `plan` nor `overrides` say.
+    `sp` when the plan has tp > 1 and neither `plan` nor `overrides` say; its profile's
+    `overlap_grad_reduce` (off for Megatron-LM) is the default the same way.
     """
     model = apply_framework(model, framework, attention)
     if framework is not None and overrides.get("sp") is None and plan is None \
             and (overrides.get("tp") or 1) > 1:
         overrides["sp"] = bool(get_framework(framework).sequence_parallel.value)
+    if framework is not None and overrides.get("overlap_grad_reduce") is None and plan is None:
+        overrides["overlap_grad_reduce"] = bool(
+            get_framework(framework).overlap_grad_reduce.value)
     if isinstance(plan, (str, Path)):
         base: dict[str, Any] | None = read_plan_file(plan).fields
     elif isinstance(plan, ParallelPlan):
@@ -411,7 +417,7 @@ def simulate(model: str | ModelSpec, cluster: str | Cluster,
     spec = apply_framework(load_model(model), framework, attention)
     hw = load_cluster(cluster, profile=cost)
     check_profile_matches(cost, hw)
-    checked = make_plan(spec, hw, plan, **overrides)
+    checked = make_plan(spec, hw, plan, framework=framework, attention=attention, **overrides)
     if options is None:
         options = lowering_options(profile=cost, unfold=unfold)
     check_work_size(spec, hw, checked, options, max_tasks)

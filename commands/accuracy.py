@@ -16,7 +16,7 @@ import typer
 
 from trainsim import api
 from trainsim.commands.output import check_new_file, counting_bar, dumps, print_table, user_errors
-from trainsim.simulator.own_files import mark_html
+from trainsim.simulator.own_files import make_parent, mark_html
 from trainsim.validate.published_runs import (
     MEMORY,
     REF_KINDS,
@@ -64,8 +64,8 @@ def write_scatter_html(report: AccuracyReport, path: Path) -> None:
     calibrated = "calibrated" if report.calibrated else "catalog coefficients"
     fig.update_layout(title=f"trainsim vs published runs ({report.csv_path.name}; "
                             f"{calibrated})", height=560)
-    path.write_text(mark_html(fig.to_html(include_plotlyjs=True, full_html=True,
-                                          div_id=DIV_ID)), encoding="utf-8")
+    make_parent(path).write_text(mark_html(fig.to_html(include_plotlyjs=True, full_html=True,
+                                                       div_id=DIV_ID)), encoding="utf-8")
 
 
 def print_report(report: AccuracyReport) -> None:
@@ -111,7 +111,7 @@ def accuracy_command(
     write_scatter_html(report, plot)
     written = [plot]
     if json_out is not None:
-        json_out.write_text(dumps(report.to_dict()) + "\n", encoding="utf-8")
+        make_parent(json_out).write_text(dumps(report.to_dict()) + "\n", encoding="utf-8")
         written.append(json_out)
     typer.echo(f"{len(report.results)} rows compared, {len(report.not_expressible)} not "
                f"expressible; wrote {', '.join(str(p) for p in written)}")

@@ -11,6 +11,7 @@ import typer
 from trainsim import api
 from trainsim.commands.output import check_new_file, print_table, stderr_console, user_errors
 from trainsim.errors import SpecError
+from trainsim.simulator.own_files import make_parent
 
 app = typer.Typer(help="Fit cost-model coefficients to measurements (writes a calibration "
                        "file that `sim simulate --calibration FILE` uses).",
@@ -50,7 +51,7 @@ def dvfs_command(
     with console.status("fitting...") as status:
         cal = api.calibrate_dvfs(folder, on_gpu=lambda g: status.update(f"fitting {g} "
                                                                           "(about 30 s)..."))
-    out.write_text(json.dumps(cal.to_json(), indent=2) + "\n", encoding="utf-8")
+    make_parent(out).write_text(json.dumps(cal.to_json(), indent=2) + "\n", encoding="utf-8")
     rows = [[g, f"{s.gemm_clock_bound_fraction:.3f}",
              "-" if s.sustained_clock_mhz is None else f"{s.sustained_clock_mhz:.0f}",
              f"{s.cap_sharpness:.1f}", f"{cal.power[g].v_min_ratio:.3f}",
@@ -104,5 +105,5 @@ def ops_command(
     typer.echo(f"held-out op-time MAPE (two-fold): {fit.holdout_mape:.1%}")
     if fit.skipped:
         typer.echo(f"left out (no roofline class): {', '.join(fit.skipped)}")
-    out.write_text(json.dumps(cal.to_json(), indent=2) + "\n", encoding="utf-8")
+    make_parent(out).write_text(json.dumps(cal.to_json(), indent=2) + "\n", encoding="utf-8")
     typer.echo(f"wrote {out}")

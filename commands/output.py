@@ -112,9 +112,9 @@ def check_new_file(path: Path | None, force: bool, what: str | None = None, *,
     (read-only, or its folder missing and, with `create_parents`, not makeable).
 
     Every command's file outputs make their missing folders, as `--out` folders are made:
-    `--timeline runs/a/t.html` works the same for every command. They are made here, once the
-    checks pass, so the writer at the end (whichever module it is) finds them; a run refused
-    later leaves an empty folder, nothing else."""
+    `--timeline runs/a/t.html` works the same for every command. Here the folder is only
+    checked to be makeable; the writer makes it (`own_files.make_parent`), so a run refused
+    after this check leaves no empty folder."""
     if path is None:
         return
     name = str(path) if what is None else f"{what} {str(path)!r}"
@@ -125,8 +125,6 @@ def check_new_file(path: Path | None, force: bool, what: str | None = None, *,
     if path.exists() and not os.access(path, os.W_OK):
         raise SpecError(f"{name} is not writable")
     _check_writable_dir(path.parent, name, create=create_parents)
-    if create_parents:
-        path.parent.mkdir(parents=True, exist_ok=True)
 
 
 def check_out_dir(out: Path | None, names: Iterable[str], force: bool) -> None:

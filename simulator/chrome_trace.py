@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainsim.simulator.own_files import make_parent
 from trainsim.simulator.program import CONVENTIONAL_STREAMS, stream_display_order
 from trainsim.simulator.result import SimResult
 from trainsim.simulator.timeline_groups import gpu_name, program_rank_of
@@ -199,5 +200,6 @@ def write_chrome_trace(
 
     `ranks` keeps only those result ranks (default all); `notes` extends their process names."""
     path = Path(path)
-    path.write_text(chrome_trace_json(result, ranks=ranks, notes=notes), encoding="utf-8")
+    make_parent(path).write_text(chrome_trace_json(result, ranks=ranks, notes=notes),
+                                 encoding="utf-8")
     return path

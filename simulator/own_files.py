@@ -21,6 +21,15 @@ def mark_html(html: str) -> str:
     return html.replace("<head>", f"<head>{HTML_MARKER}", 1)
 
 
+def make_parent(path: str | Path) -> Path:
+    """`path`, with the folder it goes in made (and that folder's parents). Outputs are
+    written into missing folders, but made only when written: a run refused before (a bad
+    argument checked after the output path) leaves no empty folder behind."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def written_by_trainsim(path: Path) -> bool:
     """True when `path` is a regular file whose start carries one of trainsim's markers."""
     try:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainsim.simulator.own_files import mark_html
+from trainsim.simulator.own_files import make_parent, mark_html
 from trainsim.simulator.program import KNOWN_KINDS, stream_display_order
 from trainsim.simulator.result import SimResult
 from trainsim.simulator.timeline_groups import (
@@ -330,7 +330,7 @@ def write_timeline_html(
         div_id=DIV_ID,
         config={"displaylogo": False, "responsive": True},
     )
-    path.write_text(mark_html(html), encoding="utf-8")
+    make_parent(path).write_text(mark_html(html), encoding="utf-8")
     return path
 
 

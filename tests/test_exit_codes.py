@@ -49,6 +49,18 @@ def test_an_output_in_a_missing_folder_gets_the_folder(
     assert target.is_file()
 
 
+def test_a_refused_run_leaves_no_folder_behind(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    """Output folders are made when written: a run refused after the timeline's check (here
+    on the trace, which exists) makes none."""
+    (tmp_path / "existing.json").write_text("{}")
+    code, _, err = _run(capsys, "simulate", "--model", "gpt3-125m", "--global-batch", "4",
+                        "--timeline", str(tmp_path / "new" / "t.html"),
+                        "--trace", str(tmp_path / "existing.json"))
+    assert code == 2 and "exists" in err
+    assert not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize("flag", ["--timeline", "--trace", "--save-plan"])
 def test_an_output_whose_folder_cannot_be_made_is_refused_before_the_run(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str) -> None:

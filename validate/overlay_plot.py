@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainsim.simulator.own_files import mark_html
+from trainsim.simulator.own_files import make_parent, mark_html
 
 DIV_ID = "trainsim-overlay"
 _COLOURS = ("#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -64,5 +64,5 @@ def overlay_figure(trace: Any, comparison: Any) -> Any:
 def write_overlay_html(trace: Any, comparison: Any, path: str | Path) -> None:
     """Write the overlay as a self-contained HTML file."""
     fig = overlay_figure(trace, comparison)
-    Path(path).write_text(mark_html(fig.to_html(include_plotlyjs=True, full_html=True,
-                                                div_id=DIV_ID)), encoding="utf-8")
+    make_parent(path).write_text(mark_html(fig.to_html(include_plotlyjs=True, full_html=True,
+                                                       div_id=DIV_ID)), encoding="utf-8")

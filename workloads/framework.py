@@ -71,6 +71,11 @@ class FrameworkProfile:
         value=False, source="assumed: off unless the profile says otherwise"))
     """Whether the stack shards optimizer state over data-parallel ranks by default (Megatron's
     distributed optimizer, ZeRO-1: `ParallelPlan.zero` 1)."""
+    overlap_grad_reduce: Sourced = field(default_factory=lambda: Sourced(
+        value=True, source="assumed: PyTorch DDP's and FSDP's default (buckets reduced during "
+                           "the backward)"))
+    """Whether the stack reduces gradient buckets behind the backward by default
+    (`ParallelPlan.overlap_grad_reduce`)."""
     grad_reduce_dtype: Sourced = field(default_factory=lambda: Sourced(
         value="param", source="assumed: the gradients' own dtype"))
     """What the data-parallel gradient reduction carries (`ModelSpec.grad_reduce_dtype`)."""
@@ -166,6 +171,7 @@ _OPTIONAL: dict[str, Callable[[str, object], Sourced]] = {
     "distributed_optimizer": lambda where, raw: _sourced(where, raw, bool),
     "fp8_recipe": lambda where, raw: _sourced(where, raw, FP8_RECIPES),
     "grad_reduce_dtype": lambda where, raw: _sourced(where, raw, GRAD_REDUCE_DTYPES),
+    "overlap_grad_reduce": lambda where, raw: _sourced(where, raw, bool),
     "unfused_traffic": _traffic,
     "interleaved_virtual_stages": lambda where, raw: _sourced(where, raw, (2, 3, 4, 5, 6, 7, 8)),
 }

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from trainsim.search.microbatch.planner import MethodResult
-from trainsim.simulator.own_files import mark_html
+from trainsim.simulator.own_files import make_parent, mark_html
 from trainsim.simulator.result import SimResult
 from trainsim.simulator.timeline_plot import timeline_figure
 from trainsim.workloads.lengths import LengthDataset
@@ -72,7 +72,7 @@ def write_page(path: str | Path, dataset: LengthDataset, results: Sequence[Metho
             + "</title></head><body>"
             + "\n".join(parts) + "</body></html>")
     out = Path(path)
-    out.write_text(mark_html(html), encoding="utf-8")
+    make_parent(out).write_text(mark_html(html), encoding="utf-8")
     return out
 
 

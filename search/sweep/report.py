@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsim.search.sweep.runner import read_table, table_metadata, table_rows
-from trainsim.simulator.own_files import mark_html
+from trainsim.simulator.own_files import make_parent, mark_html
 
 DIV_ID = "trainsim-sweep"
 METRICS = (("tokens_per_s", "tokens/s", "higher is better"),
@@ -196,7 +196,7 @@ def write_report(table_path: str | Path, out: str | Path) -> Path:
             f"(tokens/s, $ per token, J per token).{unfinished}</p>\n{div}\n"
             f"<h2>Failed scenarios</h2>\n{_failures(rows)}\n</body>\n</html>\n")
     path = Path(out)
-    path.write_text(mark_html(page), encoding="utf-8")
+    make_parent(path).write_text(mark_html(page), encoding="utf-8")
     return path
 
 

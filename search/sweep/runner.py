@@ -50,6 +50,7 @@ from trainsim.search.oracle import Oracle, Summary
 from trainsim.search.planner import SearchSpec, run_search
 from trainsim.search.sweep.executors import make_executor
 from trainsim.search.sweep.spec import Scenario, SweepSpec, canonical_json
+from trainsim.simulator.own_files import make_parent
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.plan_defaults import DEFAULT_GLOBAL_BATCH, plan_fields
@@ -267,7 +268,7 @@ def write_table(path: Path, rows: Mapping[int, Mapping[str, Any]], schema: Any) 
     pa = _pyarrow()
     ordered = [rows[i] for i in sorted(rows)]
     table = pa.Table.from_pylist(ordered, schema=schema)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = make_parent(path).with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         pa.parquet.write_table(table, tmp, compression="zstd")
         os.replace(tmp, path)
