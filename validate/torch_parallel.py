@@ -193,7 +193,8 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                     offset += g.numel()
             if emb_group is not None and spec.tied_embeddings:
                 # the two copies of the tied word embedding get the same gradient, as
-                # Megatron-LM's embedding group does after the data-parallel reduction
+                # Megatron-LM's embedding group does after the data-parallel reduction (its
+                # time counts in the trace's dp_sync_s, a pipeline's only "sync" with dp 1)
                 with op_clock.comm():
                     dist.all_reduce(model.wte.grad, group=emb_group)
             t1 = clock()

@@ -164,7 +164,8 @@ class _Totals:
 
 def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
                       recompute: str | tuple[str, ...], cost_model: Any, gpu: Any,
-                      freq_mhz: float | None, dtype: str) -> InstructionCosts:
+                      freq_mhz: float | None, dtype: str,
+                      tied_owned: bool = False) -> InstructionCosts:
     """Per-GPU costs of one stage whose ops run at their own degrees (module docstring).
 
     Args:
@@ -245,7 +246,7 @@ def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
         fwd_r, bwd_r = reshard(prev.tp, prev.split_out, prev.output_bytes, tp, False)
         tot.comm["fwd"] += fwd_r
         tot.comm["bwd"] += bwd_r
-    shared = shared_params(layers, tp)
+    shared = 0 if tied_owned else shared_params(layers, tp)
     if shared:
         tot.params[tp] = tot.params.get(tp, 0) + shared
     by_tp = tuple(sorted((t, p) for t, p in tot.params.items()))

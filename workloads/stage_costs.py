@@ -23,8 +23,8 @@ def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
                       recompute: str | tuple[str, ...], cost_model: Any, gpu: Any,
                       freq_mhz: float | None, dtype: str,
                       op_degrees: OpDegrees | None = None,
-                      layer_cache: dict[Any, tuple[Layer, _LayerSum]] | None = None
-                      ) -> InstructionCosts:
+                      layer_cache: dict[Any, tuple[Layer, _LayerSum]] | None = None,
+                      tied_owned: bool = False) -> InstructionCosts:
     """Sum the per-GPU costs of `layers` (one stage) for one micro-batch.
 
     Args:
@@ -40,13 +40,16 @@ def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
             (needs sp off and ep = 1), else exactly as without it.
         layer_cache: Per-layer costs kept between calls (a lowering cache's, whose graphs
             hold the layers alive); each entry keeps its layer, so a reused id never hits.
+        tied_owned: the stage's GPUs also hold the owner of tied weights its layers read
+            (a V-shaped schedule puts the head's chunk beside the embedding's): no copy
+            (`op_work.shared_params`).
     """
     if op_degrees is not None and not op_degrees.uniform(tp):
         if sp or ep > 1:
             raise ValueError("per-op tensor-parallel degrees need sp=False and ep=1")
         return op_parallel_costs(layers, tp=tp, degrees=op_degrees, recompute=recompute,
                                  cost_model=cost_model, gpu=gpu, freq_mhz=freq_mhz,
-                                 dtype=dtype)
+                                 dtype=dtype, tied_owned=tied_owned)
     total = _LayerSum()
     names = set(recompute) if isinstance(recompute, tuple) else set()
     cache: dict[int, _LayerSum] = {}
@@ -65,7 +68,7 @@ def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
                 if layer_cache is not None:
                     layer_cache[(key, shared)] = (layer, cache[key])
         total.add(cache[key])
-    total.params += shared_params(layers, tp)
+    total.params += 0 if tied_owned else shared_params(layers, tp)
     last = layers[-1]
     out_bytes = last.output_bytes / (tp if (sp and tp > 1 and last.kind != "head") else 1)
     return InstructionCosts(

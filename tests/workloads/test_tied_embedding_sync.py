@@ -84,3 +84,34 @@ def test_it_costs_time_and_folded_equals_unfolded() -> None:
     plan = ParallelPlan.build(spec, CLUSTER, dp=2, pp=4, global_batch=16, micro_batch_size=2)
     untied = run_program(lower(spec, CLUSTER, plan, LoweringOptions()), engine="numba")
     assert untied.iteration_time_s < folded.iteration_time_s
+
+
+def test_a_v_shaped_schedule_keeps_no_copy_beside_the_embedding() -> None:
+    """ZBV puts the head's chunk on the first stage, beside the embedding: no copy there (its
+    parameters counted once) and nothing to all-reduce."""
+    spec = get_model("gpt3-350m")
+    cluster = parse_cluster_spec("1x4xA100-SXM4-80GB")
+    fields = {"pp": 4, "global_batch": 8, "micro_batch_size": 1, "virtual_stages": 2}
+    zbv = lower(spec, cluster, ParallelPlan.build(
+        spec, cluster, schedule="torch:ScheduleZBVZeroBubble", **fields), LoweringOptions())
+    plain = lower(spec, cluster, ParallelPlan.build(spec, cluster, schedule="interleaved",
+                                                    **fields), LoweringOptions())
+    assert len(_named(zbv, "embedding.all_reduce")) == 0
+    assert len(_named(plain, "embedding.all_reduce")) == 1
+    # the interleaved head's last stage holds a copy of the V x h weight (16 bytes a
+    # parameter: weight, gradient, Adam states); ZBV's first stage, holding the head, does
+    # not hold a second one (the stages differ by a final norm's few parameters otherwise)
+    copy = spec.vocab_size * spec.hidden * 16
+    assert abs(zbv.static_memory_bytes[0] - plain.static_memory_bytes[0]) < 0.01 * copy
+    assert plain.static_memory_bytes[3] - zbv.static_memory_bytes[3] == \
+        pytest.approx(copy, rel=0.01)
+
+
+def test_stages_of_different_sizes_reduce_every_copy() -> None:
+    spec = get_model("gpt3-350m")
+    plan = ParallelPlan.build(spec, CLUSTER, pp=2, stage_gpus=(2, 6), global_batch=24,
+                              micro_batch_size=6)
+    program = lower(spec, CLUSTER, plan, LoweringOptions(fold=False))
+    members = [_members(program, int(t)) for t in _named(program, "embedding.all_reduce")]
+    assert sorted(h for _, h in members) == [2, 3, 4, 5, 6, 7]
+    assert {e for e, _ in members} == {0, 1}

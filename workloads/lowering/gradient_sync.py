@@ -220,11 +220,13 @@ class GradientSync:
         after the data-parallel reduction the two copies' gradients are all-reduced between the
         embedding's stage and the head's, GPU i of one with GPU i of the other (a pipeline's
         first and last rank), so both optimizer steps apply the same update
-        (`_allreduce_embedding_grads` in Megatron-LM's finalize_model_grads; DeepSpeed's tied
-        modules do the same). Both steps wait for it; it is exposed, after the last backward.
-        Stages of different GPU counts (`stage_gpus`) pair their first GPUs only, and the
-        reduced shard is the head's stage's copy (an approximation where the two stages' tp
-        differ)."""
+        (`_allreduce_word_embedding_grads` in Megatron-LM's finalize_model_grads). Both steps
+        wait for it; it is exposed, after the last backward. Stages of different GPU counts
+        (`stage_gpus`) pair their GPUs round-robin, as the stage-boundary transfers do, so
+        every copy is reduced. Approximations: the bytes are the head's stage's copy (the two
+        stages' tp may differ); they are the whole copy, as Megatron's distributed optimizer
+        (ZeRO-1) reduces it, also under ZeRO-2/3, where a 1/dp shard would do; a T5's decoder
+        embedding stage is not in the group (it keeps no copy here)."""
         plan, layout = self.plan, self.layout
         if plan.pp < 2 or not self.opt.communication:
             return
@@ -236,7 +238,7 @@ class GradientSync:
         if not owner or not readers:
             return
         for head in readers:
-            if head == owner[0]:
+            if layout.holds_embedding(head):  # no copy there (`holds_embedding`)
                 continue
             layers = [graph.layers[i] for i, s in stage_of.items() if s == head]
             size = shared_params(layers, plan.tp_of_stage(head)) * self.reduce_bytes
@@ -251,7 +253,10 @@ class GradientSync:
         layout, b = self.layout, self.b
         prog_of = {g: p for p, gpus in enumerate(layout.represents) for g in gpus}
         pairs: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for e, h in zip(layout.stage_gpu_ranks[first], layout.stage_gpu_ranks[head]):
+        src, dst = layout.stage_gpu_ranks[first], layout.stage_gpu_ranks[head]
+        n = max(len(src), len(dst))  # stages of different sizes: every GPU's copy, round-robin
+        for i in range(n):
+            e, h = src[i * len(src) // n], dst[i * len(dst) // n]
             pairs.setdefault((prog_of[e], prog_of[h]), []).append((e, h))
         name, kind, stream = (b.name_template("embedding.all_reduce"), b.kind("all_reduce"),
                               b.stream("dp"))

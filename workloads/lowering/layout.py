@@ -175,6 +175,7 @@ class LoweringLayout:
         self._unit_of: dict[int, dict[int, int]] = {}
         self._boundary: dict[tuple[int, MbKey], float] = {}
         self._largest_layer: dict[int, float] = {}
+        self._holds_embedding: dict[int, bool] = {}
         self.stage_layers = self._partition()
         self.separable = (plan.stage_gpus is None and plan.stage_tp is None
                           and not any(self.has_op_tp(s) for s in range(plan.pp)))
@@ -505,7 +506,7 @@ class LoweringLayout:
         degrees = tuple(sorted(plan.op_tp_of_stage(s).items())) if self.has_op_tp(s) else None
         return (tuple(self.stage_layers[vstage]), plan.replica_batch(s, mb_key[0]), mb_key[1],
                 mb_key[2], plan.tp_of_stage(s), plan.sp, plan.ep, plan.recompute_of_stage(s),
-                gpu.name, freq, plan.dtype, degrees, self._copies_out())
+                gpu.name, freq, plan.dtype, degrees, self._copies_out(), self.holds_embedding(s))
 
     def _stage_costs(self, vstage: int, mb_key: MbKey, freq: float | None,
                      gpu: GpuSpec) -> InstructionCosts:
@@ -525,7 +526,8 @@ class LoweringLayout:
                                   cost_model=self.cost_model, gpu=gpu, freq_mhz=freq,
                                   dtype=self.plan.dtype, op_degrees=degrees,
                                   layer_cache=None if self.shared is None
-                                  else self.shared.layer_costs)
+                                  else self.shared.layer_costs,
+                                  tied_owned=self.holds_embedding(s))
         if not self._copies_out():
             return costs
         idx = self.stage_layers[vstage]
@@ -539,6 +541,18 @@ class LoweringLayout:
         return dataclasses.replace(costs, forward=costs.forward + forward,
                                    backward=costs.backward + backward,
                                    backward_input=costs.backward_input + backward)
+
+    def holds_embedding(self, phys: int) -> bool:
+        """Whether physical stage `phys` runs the word embedding (in any of its chunks): a tied
+        LM head there reads it, and no copy is kept (a V-shaped schedule's last chunk sits on
+        the first stage); gradient_sync.py `tied_sync` decides the same way."""
+        found = self._holds_embedding.get(phys)
+        if found is None:
+            graph = self.graph(self.micro_batches[0])
+            found = self._holds_embedding[phys] = any(
+                graph.layers[i].kind == "embedding"
+                for k in self.stage_layers_idx(phys) for i in self.stage_layers[k])
+        return found
 
     def _copies_out(self) -> bool:
         """Whether passes pay FSDP's copy-out of the gathered parameters: ZeRO-3 regathering
