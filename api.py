@@ -266,15 +266,16 @@ def make_plan(model: ModelSpec, cluster: Cluster,
     for the defaults that depend on its memory; None keeps the model's own kernel. A framework
     whose profile turns sequence parallelism on with tensor parallelism (torchtitan, nemo) sets
     `sp` when the plan has tp > 1 and neither `plan` nor `overrides` say; its profile's
-    `overlap_grad_reduce` (off for Megatron-LM) is the default the same way.
+    `overlap_grad_reduce` (off for Megatron-LM) and `overlap_param_gather` (on for NeMo) are
+    the defaults the same way.
     """
     model = apply_framework(model, framework, attention)
     if framework is not None and overrides.get("sp") is None and plan is None \
             and (overrides.get("tp") or 1) > 1:
         overrides["sp"] = bool(get_framework(framework).sequence_parallel.value)
-    if framework is not None and overrides.get("overlap_grad_reduce") is None and plan is None:
-        overrides["overlap_grad_reduce"] = bool(
-            get_framework(framework).overlap_grad_reduce.value)
+    for flag in ("overlap_grad_reduce", "overlap_param_gather"):
+        if framework is not None and overrides.get(flag) is None and plan is None:
+            overrides[flag] = bool(getattr(get_framework(framework), flag).value)
     if isinstance(plan, (str, Path)):
         base: dict[str, Any] | None = read_plan_file(plan).fields
     elif isinstance(plan, ParallelPlan):

@@ -109,6 +109,11 @@ def simulate_command(
         None, "--tp-comm-overlap/--no-tp-comm-overlap",
         help="Run tensor-parallel collectives behind compute (Megatron's --tp-comm-overlap, "
              "torchtitan's AsyncTP) instead of between the GEMMs [default: off]."),
+    overlap_param_gather: bool | None = typer.Option(
+        None, "--overlap-param-gather/--no-overlap-param-gather",
+        help="ZeRO-1/2: gather the updated parameters behind the next forward, only the first "
+             "bucket exposed (Megatron's --overlap-param-gather) [default: the framework's, "
+             "off]."),
     calibration: Path | None = typer.Option(None, "--calibration", help="Calibration file "
                                             "from `sim calibrate`: its fitted coefficients "
                                             "replace the catalog's (roofline runs)."),
@@ -146,7 +151,7 @@ def simulate_command(
              "recompute": recompute, "dp_batch_split": _split(dp_batch_split),
              "overlap_grad_reduce": overlap_grad_reduce, "tp_comm_overlap": tp_comm_overlap,
              "reshard_after_forward": reshard_after_forward,
-             "dtype": dtype}
+             "overlap_param_gather": overlap_param_gather, "dtype": dtype}
     if saved is not None:
         _print_overrides(saved, model, cluster, given)
     if calibration is not None and profile is not None:

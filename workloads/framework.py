@@ -76,6 +76,10 @@ class FrameworkProfile:
                            "the backward)"))
     """Whether the stack reduces gradient buckets behind the backward by default
     (`ParallelPlan.overlap_grad_reduce`)."""
+    overlap_param_gather: Sourced = field(default_factory=lambda: Sourced(
+        value=False, source="assumed: the parameter all-gather after the optimizer step"))
+    """Whether the stack gathers ZeRO-1/2 parameter shards behind the next forward by default
+    (`ParallelPlan.overlap_param_gather`)."""
     grad_reduce_dtype: Sourced = field(default_factory=lambda: Sourced(
         value="param", source="assumed: the gradients' own dtype"))
     """What the data-parallel gradient reduction carries (`ModelSpec.grad_reduce_dtype`)."""
@@ -172,6 +176,7 @@ _OPTIONAL: dict[str, Callable[[str, object], Sourced]] = {
     "fp8_recipe": lambda where, raw: _sourced(where, raw, FP8_RECIPES),
     "grad_reduce_dtype": lambda where, raw: _sourced(where, raw, GRAD_REDUCE_DTYPES),
     "overlap_grad_reduce": lambda where, raw: _sourced(where, raw, bool),
+    "overlap_param_gather": lambda where, raw: _sourced(where, raw, bool),
     "unfused_traffic": _traffic,
     "interleaved_virtual_stages": lambda where, raw: _sourced(where, raw, (2, 3, 4, 5, 6, 7, 8)),
 }

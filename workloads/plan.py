@@ -195,6 +195,11 @@ class ParallelPlan:
     torchtitan's AsyncTP: GEMMs decomposed so the all-gather / reduce-scatter hide behind
     them). False (every stack's default): they run in the compute stream's order, on the
     critical path, as a synchronous NCCL call between GEMMs does."""
+    overlap_param_gather: bool = False
+    """ZeRO-1/2 (Megatron's distributed optimizer): gather the updated parameter shards behind
+    the next step's forward, bucket by bucket (Megatron-LM's --overlap-param-gather, NeMo's
+    overlap_param_sync), so only the first bucket's all-gather is exposed. False (Megatron-LM's
+    default): the whole all-gather runs after the optimizer step, on the critical path."""
     freq_mhz: float | None = None
     """One SM frequency for every GPU; the GPU's maximum when None."""
     stage_freq_mhz: tuple[float, ...] | None = None
@@ -270,7 +275,8 @@ class ParallelPlan:
                 _int(f"dp_batch_split[{i}]", v, f"a positive integer (samples of data-parallel "
                                                 f"replica {i})")
                 for i, v in enumerate(_items("dp_batch_split", self.dp_batch_split, what))))
-        for flag in ("sp", "overlap_grad_reduce", "tp_comm_overlap", "reshard_after_forward"):
+        for flag in ("sp", "overlap_grad_reduce", "tp_comm_overlap", "reshard_after_forward",
+                     "overlap_param_gather"):
             if not isinstance(getattr(self, flag), bool):
                 raise PlanError(f"plan.{flag}={getattr(self, flag)!r} must be true or false")
         put("schedule", normalise_schedule(_text(
@@ -812,15 +818,15 @@ class ParallelPlan:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict holding every field (round-trips through `from_dict`); an unset
         `dp_batch_split` (the even split), an unset `node_order` and the default
-        `overlap_grad_reduce`, `tp_comm_overlap` and `reshard_after_forward` are left out, so
-        plans without them print as before."""
+        `overlap_grad_reduce`, `tp_comm_overlap`, `reshard_after_forward` and
+        `overlap_param_gather` are left out, so plans without them print as before."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if (f.name in ("dp_batch_split", "node_order", "replica_micro_batches")
                     and value is None) or (f.name == "cp" and value == 1) or \
                     (f.name == "overlap_grad_reduce" and value) or \
-                    (f.name == "tp_comm_overlap" and not value) or \
+                    (f.name in ("tp_comm_overlap", "overlap_param_gather") and not value) or \
                     (f.name == "reshard_after_forward" and value):
                 continue
             if f.name == "micro_batches" and value is not None:

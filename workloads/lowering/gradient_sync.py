@@ -23,6 +23,12 @@ from trainsim.workloads.stage_costs import (
     optimizer_bytes_per_param,
 )
 
+PARAM_BUCKET_PARAMS = 40_000_000
+PARAM_BUCKET_PARAMS_PER_RANK = 1_000_000
+"""Megatron-Core's bucket where a run sets none: max(40M, 1M x dp) parameters
+(megatron/core/distributed/distributed_data_parallel_config.py, `bucket_size`: "If
+unspecified, MCore uses a default value of max(40000000, 1000000 * dp_size) parameters"); the
+first is what an overlapped parameter all-gather exposes (`overlap_param_gather`)."""
 GRAD_COPY_STREAMS = ("grad_copy_in", "grad_copy_out")
 """Streams of the gradient copies around a data-parallel reduction (`GradientSync.dp_sync`):
 computation of the rank's own, off the compute stream's queue."""
@@ -273,7 +279,9 @@ class GradientSync:
         """The Adam step on each rank after its last compute (`last_compute`: program rank ->
         its last compute task) and gradient reduction; under ZeRO-1/2 each rank updates its
         1/dp shard and the shards are all-gathered (ZeRO-3 keeps the parameters sharded and
-        gathers them before each pass instead)."""
+        gathers them before each pass instead). With `overlap_param_gather` only the first
+        bucket's gather (`PARAM_BUCKET_PARAMS`) is waited for: the others run behind the next
+        step's forward, whose links and SMs they share (that contention is not modelled)."""
         plan, b, layout = self.plan, self.b, self.layout
         step: dict[int, int] = {}
         name, kind = b.name_template("optimizer"), b.kind("optimizer")
@@ -299,6 +307,10 @@ class GradientSync:
             if plan.dp_of_stage(s) < 2:
                 continue
             size = layout.local_params(s) * w_bytes
+            if plan.overlap_param_gather:  # the rest runs behind the next step's forward
+                bucket = max(PARAM_BUCKET_PARAMS,
+                             PARAM_BUCKET_PARAMS_PER_RANK * plan.dp_of_stage(s))
+                size = min(size, bucket * w_bytes)
             groups = layout.dp_groups(s)
             calls = ([(layout.stage_prog_ranks(s), groups)] if layout.fold
                      else [(g, [g]) for g in groups])
