@@ -266,16 +266,26 @@ def make_plan(model: ModelSpec, cluster: Cluster,
     for the defaults that depend on its memory; None keeps the model's own kernel. A framework
     whose profile turns sequence parallelism on with tensor parallelism (torchtitan, nemo) sets
     `sp` when the plan has tp > 1 and neither `plan` nor `overrides` say; its profile's
-    `overlap_grad_reduce` (off for Megatron-LM) and `overlap_param_gather` (on for NeMo) are
-    the defaults the same way.
+    `overlap_grad_reduce` (off for Megatron-LM), its distributed optimizer (ZeRO-1: NeMo) and
+    `overlap_param_gather` (on for NeMo, where ZeRO-1/2 applies) are the defaults the same
+    way.
     """
     model = apply_framework(model, framework, attention)
     if framework is not None and overrides.get("sp") is None and plan is None \
             and (overrides.get("tp") or 1) > 1:
         overrides["sp"] = bool(get_framework(framework).sequence_parallel.value)
-    for flag in ("overlap_grad_reduce", "overlap_param_gather"):
-        if framework is not None and overrides.get(flag) is None and plan is None:
-            overrides[flag] = bool(getattr(get_framework(framework), flag).value)
+    if framework is not None and plan is None:
+        profile = get_framework(framework)
+        if overrides.get("zero") is None and profile.distributed_optimizer.value \
+                and (overrides.get("dp") or 0) != 1:
+            overrides["zero"] = 1
+        if overrides.get("overlap_grad_reduce") is None:
+            overrides["overlap_grad_reduce"] = bool(profile.overlap_grad_reduce.value)
+        # only where it can apply: a distributed optimizer whose gradients overlap
+        if overrides.get("overlap_param_gather") is None:
+            overrides["overlap_param_gather"] = (
+                bool(profile.overlap_param_gather.value) and overrides.get("zero") in (1, 2)
+                and bool(overrides["overlap_grad_reduce"]))
     if isinstance(plan, (str, Path)):
         base: dict[str, Any] | None = read_plan_file(plan).fields
     elif isinstance(plan, ParallelPlan):

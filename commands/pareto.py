@@ -75,9 +75,7 @@ def pareto_command(
         if name not in known:
             raise typer.BadParameter(f"{name!r} is not one of the swept GPUs "
                                      f"({', '.join(sorted(known))})", param_hint="--price")
-    check_out_dir(out, OUTPUT_FILES, force)
-    if out is not None:  # made now, so a folder that cannot be made fails before the sweep
-        out.mkdir(parents=True, exist_ok=True)
+    check_out_dir(out, OUTPUT_FILES, force)  # a folder that cannot be made fails here
     spec = api.load_model(model)  # a bad model fails here, before the sweep
     n_workers = workers if workers > 0 else default_workers()
     finished: list[ParetoPoint] = []

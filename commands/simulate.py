@@ -100,7 +100,8 @@ def simulate_command(
     overlap_grad_reduce: bool | None = typer.Option(
         None, "--overlap-grad-reduce/--no-overlap-grad-reduce",
         help="Reduce gradient buckets behind the backward (DDP/FSDP default, Megatron's "
-             "--overlap-grad-reduce) or after it [default: the plan's, on]."),
+             "--overlap-grad-reduce) or after it [default: the --framework's; on without "
+             "one]."),
     reshard_after_forward: bool | None = typer.Option(
         None, "--reshard-after-forward/--no-reshard-after-forward",
         help="ZeRO-3/FSDP: free gathered parameters after each pass (default) or keep them, "

@@ -227,6 +227,10 @@ def to_megatron_flags(plan: ParallelPlan, model: ModelSpec) -> str:
         flags.append("--recompute-granularity selective")
     if plan.zero >= 1:
         flags.append("--use-distributed-optimizer")
+    if plan.overlap_grad_reduce and plan.dp_of_stage(0) > 1:
+        flags.append("--overlap-grad-reduce")  # off in Megatron-LM unless given
+    if plan.overlap_param_gather:
+        flags.append("--overlap-param-gather")
     return " ".join(flags)
 
 

@@ -347,10 +347,13 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
         "schedule": "interleaved" if virtual > 1 else "1f1b", "virtual_stages": virtual,
         "tp_comm_overlap": _async_tp(run, tp, notes),
         "overlap_grad_reduce": bool(get_framework(framework).overlap_grad_reduce.value),
-        "overlap_param_gather": bool(get_framework(framework).overlap_param_gather.value),
         # torchtitan keeps FSDP's gathered parameters over a pipelined step (no reshard)
         "reshard_after_forward": pp == 1 or bool(get_framework(framework).reshard_with_pp.value),
     }
+    # where it can apply: a distributed optimizer (ZeRO-1/2) whose gradients overlap
+    fields["overlap_param_gather"] = (
+        bool(get_framework(framework).overlap_param_gather.value)
+        and fields["zero"] in (1, 2) and fields["overlap_grad_reduce"])
     if "cp" in plan_fields:
         fields["cp"] = cp
     try:

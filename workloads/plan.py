@@ -279,6 +279,12 @@ class ParallelPlan:
                      "overlap_param_gather"):
             if not isinstance(getattr(self, flag), bool):
                 raise PlanError(f"plan.{flag}={getattr(self, flag)!r} must be true or false")
+        if self.overlap_param_gather and (self.zero not in (1, 2)
+                                          or not self.overlap_grad_reduce):
+            raise PlanError("plan.overlap_param_gather needs a distributed optimizer (zero 1 or "
+                            "2) and overlap_grad_reduce, as Megatron-LM's "
+                            f"--overlap-param-gather does (this plan: zero {self.zero}, "
+                            f"overlap_grad_reduce {str(self.overlap_grad_reduce).lower()})")
         put("schedule", normalise_schedule(_text(
             "schedule", self.schedule, f"a schedule name ({', '.join(SCHEDULES)} or "
             f"torch:<ScheduleClass>)")))

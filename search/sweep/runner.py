@@ -364,7 +364,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, executor: str = "local",
                               or limit < 1):
         raise SpecError(f"--limit {limit!r} must be a positive number of scenarios")
     runner = make_executor(executor, address=address, workers=workers)
-    with _table_lock(path):
+    with _table_lock(make_parent(path)):
         return _run(spec, path, runner, pa, force=force, limit=limit, drop_stale=drop_stale,
                     checkpoint_s=checkpoint_s, on_progress=on_progress)
 

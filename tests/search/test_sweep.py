@@ -180,6 +180,13 @@ def test_planner_scenarios_record_the_best_plan(tmp_path: Path) -> None:
     assert row["error"] is None and row["tokens_per_s"] > 0
 
 
+def test_a_table_in_a_missing_folder_gets_the_folder(tmp_path: Path) -> None:
+    spec = load_spec({"models": ["gpt3-125m"], "clusters": ["4xV100-SXM2-32GB"],
+                      "plans": [{"pp": 4}], "knobs": {"global_batch": [16]}})
+    run = run_sweep(spec, tmp_path / "a" / "b" / "t.parquet", workers=1)
+    assert run.path.is_file() and run.rows == 1
+
+
 def test_stop_and_resume_computes_only_missing_rows(tmp_path: Path) -> None:
     """A run stopped after 5 scenarios, rerun, computes the other 7; the table equals a
     one-shot run's row for row (and a rerun of a finished table computes nothing and

@@ -52,3 +52,25 @@ def test_nemo_overlaps_and_megatron_does_not_by_default() -> None:
     assert api.make_plan(SPEC, hw, None, framework="nemo", **fields).overlap_param_gather
     assert not api.make_plan(SPEC, hw, None, framework="megatron",
                              **fields).overlap_param_gather
+
+
+@pytest.mark.parametrize(("zero", "overlap"), [(0, True), (3, True), (1, False)])
+def test_it_needs_a_distributed_optimizer_with_overlapped_gradients(zero: int,
+                                                                    overlap: bool) -> None:
+    from trainsim.errors import PlanError
+
+    with pytest.raises(PlanError, match="overlap_param_gather needs"):
+        ParallelPlan.build(SPEC, CLUSTER, dp=8, zero=zero, global_batch=16, micro_batch_size=2,
+                           overlap_grad_reduce=overlap, overlap_param_gather=True)
+
+
+def test_megatron_flags_name_the_overlaps() -> None:
+    from trainsim.search.exports import to_megatron_flags
+
+    plan = ParallelPlan.build(SPEC, CLUSTER, dp=8, zero=1, global_batch=16, micro_batch_size=2,
+                              overlap_param_gather=True)
+    flags = to_megatron_flags(plan, SPEC)
+    assert "--overlap-grad-reduce" in flags and "--overlap-param-gather" in flags
+    off = to_megatron_flags(plan.replace(overlap_grad_reduce=False,
+                                         overlap_param_gather=False), SPEC)
+    assert "--overlap" not in off

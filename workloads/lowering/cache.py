@@ -27,7 +27,8 @@ from trainsim.workloads.plan import MicroBatch
 
 CostKey = tuple[Any, ...]
 """(layer indices, replica batch, seq len, target len, tp, sp, ep, recompute, GPU name, clock,
-dtype, per-op degrees or None) of one stage's instruction costs."""
+dtype, per-op degrees or None, FSDP copy-out, whether the stage runs the embedding) of one
+stage's instruction costs (`LoweringLayout._cost_key`)."""
 
 
 class LoweringCache:

@@ -258,15 +258,22 @@ class GradientSync:
         task per pair of program ranks, standing for the GPU pairs they represent."""
         layout, b = self.layout, self.b
         prog_of = {g: p for p, gpus in enumerate(layout.represents) for g in gpus}
-        pairs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        # stages of different sizes pair round-robin, so every copy is reduced; a GPU in
+        # several pairs runs them one round after another (folded or not alike)
+        pairs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         src, dst = layout.stage_gpu_ranks[first], layout.stage_gpu_ranks[head]
-        n = max(len(src), len(dst))  # stages of different sizes: every GPU's copy, round-robin
+        n = max(len(src), len(dst))
+        seen: dict[int, int] = {}
         for i in range(n):
             e, h = src[i * len(src) // n], dst[i * len(dst) // n]
-            pairs.setdefault((prog_of[e], prog_of[h]), []).append((e, h))
+            rnd = max(seen.get(e, 0), seen.get(h, 0))
+            seen[e], seen[h] = rnd + 1, rnd + 1
+            pairs.setdefault((rnd, prog_of[e], prog_of[h]), []).append((e, h))
+        pairs = dict(sorted(pairs.items()))
         name, kind, stream = (b.name_template("embedding.all_reduce"), b.kind("all_reduce"),
                               b.stream("dp"))
-        for prog, copies in pairs.items():
+        for (_, *ranks), copies in pairs.items():
+            prog = tuple(ranks)
             deps = sorted({d for p in prog for d in self.dp_tail.get(p, [])}
                           | {last_compute[p] for p in prog if p in last_compute})
             ids = self.comm.tasks([("all_reduce", size)], name=name, arg=-1, kind=kind,
