@@ -280,7 +280,8 @@ def make_plan(model: ModelSpec, cluster: Cluster,
                 and (overrides.get("dp") or 0) != 1:
             overrides["zero"] = 1
         if overrides.get("overlap_grad_reduce") is None:
-            overrides["overlap_grad_reduce"] = bool(profile.overlap_grad_reduce.value)
+            overrides["overlap_grad_reduce"] = profile.overlaps_grad_reduce(
+                overrides.get("zero") or 0)
         # only where it can apply: a distributed optimizer whose gradients overlap
         if overrides.get("overlap_param_gather") is None:
             overrides["overlap_param_gather"] = (

@@ -346,10 +346,11 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
                              notes)),
         "schedule": "interleaved" if virtual > 1 else "1f1b", "virtual_stages": virtual,
         "tp_comm_overlap": _async_tp(run, tp, notes),
-        "overlap_grad_reduce": bool(get_framework(framework).overlap_grad_reduce.value),
         # torchtitan keeps FSDP's gathered parameters over a pipelined step (no reshard)
         "reshard_after_forward": pp == 1 or bool(get_framework(framework).reshard_with_pp.value),
     }
+    fields["overlap_grad_reduce"] = get_framework(framework).overlaps_grad_reduce(
+        fields["zero"])
     # where it can apply: a distributed optimizer (ZeRO-1/2) whose gradients overlap
     fields["overlap_param_gather"] = (
         bool(get_framework(framework).overlap_param_gather.value)

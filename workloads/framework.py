@@ -75,7 +75,8 @@ class FrameworkProfile:
         value=True, source="assumed: PyTorch DDP's and FSDP's default (buckets reduced during "
                            "the backward)"))
     """Whether the stack reduces gradient buckets behind the backward by default
-    (`ParallelPlan.overlap_grad_reduce`)."""
+    (`ParallelPlan.overlap_grad_reduce`): true, false, or "zero3" (under ZeRO-3 only;
+    `overlaps_grad_reduce`)."""
     overlap_param_gather: Sourced = field(default_factory=lambda: Sourced(
         value=False, source="assumed: the parameter all-gather after the optimizer step"))
     """Whether the stack gathers ZeRO-1/2 parameter shards behind the next forward by default
@@ -115,6 +116,11 @@ class FrameworkProfile:
     """How a pipeline-parallel run splits each data-parallel rank's local batch: "given"
     (the micro-batch size is stated) or "pp" (into as many micro-batches as pipeline stages,
     torchtitan's default)."""
+
+    def overlaps_grad_reduce(self, zero: int) -> bool:
+        """The profile's `overlap_grad_reduce` for a plan at ZeRO stage `zero`."""
+        value = self.overlap_grad_reduce.value
+        return zero == 3 if value == "zero3" else bool(value)
 
 
 def _sourced(where: str, raw: object, check: tuple[Any, ...] | type) -> Sourced:
@@ -175,7 +181,7 @@ _OPTIONAL: dict[str, Callable[[str, object], Sourced]] = {
     "distributed_optimizer": lambda where, raw: _sourced(where, raw, bool),
     "fp8_recipe": lambda where, raw: _sourced(where, raw, FP8_RECIPES),
     "grad_reduce_dtype": lambda where, raw: _sourced(where, raw, GRAD_REDUCE_DTYPES),
-    "overlap_grad_reduce": lambda where, raw: _sourced(where, raw, bool),
+    "overlap_grad_reduce": lambda where, raw: _sourced(where, raw, (True, False, "zero3")),
     "overlap_param_gather": lambda where, raw: _sourced(where, raw, bool),
     "unfused_traffic": _traffic,
     "interleaved_virtual_stages": lambda where, raw: _sourced(where, raw, (2, 3, 4, 5, 6, 7, 8)),

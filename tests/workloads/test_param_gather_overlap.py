@@ -74,3 +74,10 @@ def test_megatron_flags_name_the_overlaps() -> None:
     off = to_megatron_flags(plan.replace(overlap_grad_reduce=False,
                                          overlap_param_gather=False), SPEC)
     assert "--overlap" not in off
+
+
+def test_deepspeed_overlaps_gradients_under_zero3_only() -> None:
+    hw = api.load_cluster("1x8xA100-SXM4-80GB")
+    plans = {z: api.make_plan(SPEC, hw, None, framework="deepspeed", dp=8, zero=z,
+                              global_batch=16) for z in (0, 1, 3)}
+    assert [plans[z].overlap_grad_reduce for z in (0, 1, 3)] == [False, False, True]
