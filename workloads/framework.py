@@ -28,6 +28,7 @@ from trainsim.workloads.data_files import read_data_yaml
 from trainsim.workloads.model import (
     ATTENTION_KERNELS,
     FP8_RECIPES,
+    GRAD_BUFFERS,
     GRAD_REDUCE_DTYPES,
     SELECTIVE_POLICIES,
     ModelSpec,
@@ -81,6 +82,9 @@ class FrameworkProfile:
         value=False, source="assumed: the parameter all-gather after the optimizer step"))
     """Whether the stack gathers ZeRO-1/2 parameter shards behind the next forward by default
     (`ParallelPlan.overlap_param_gather`)."""
+    grad_buffer: Sourced = field(default_factory=lambda: Sourced(
+        value="param", source="assumed: gradients in the training dtype"))
+    """Where the stack keeps gradients (`ModelSpec.grad_buffer`)."""
     grad_reduce_dtype: Sourced = field(default_factory=lambda: Sourced(
         value="param", source="assumed: the gradients' own dtype"))
     """What the data-parallel gradient reduction carries (`ModelSpec.grad_reduce_dtype`)."""
@@ -181,6 +185,7 @@ _OPTIONAL: dict[str, Callable[[str, object], Sourced]] = {
     "distributed_optimizer": lambda where, raw: _sourced(where, raw, bool),
     "fp8_recipe": lambda where, raw: _sourced(where, raw, FP8_RECIPES),
     "grad_reduce_dtype": lambda where, raw: _sourced(where, raw, GRAD_REDUCE_DTYPES),
+    "grad_buffer": lambda where, raw: _sourced(where, raw, GRAD_BUFFERS),
     "overlap_grad_reduce": lambda where, raw: _sourced(where, raw, (True, False, "zero3")),
     "overlap_param_gather": lambda where, raw: _sourced(where, raw, bool),
     "unfused_traffic": _traffic,
@@ -274,7 +279,8 @@ def apply_framework(spec: ModelSpec, framework: str | None = None,
                    "fsdp_copy_out_traffic": float(profile.fsdp_copy_out.value),
                    "unfused_traffic": tuple(sorted(profile.unfused_traffic.value.items())),
                    "fp8_recipe": str(profile.fp8_recipe.value),
-                   "grad_reduce_dtype": str(profile.grad_reduce_dtype.value)}
+                   "grad_reduce_dtype": str(profile.grad_reduce_dtype.value),
+                   "grad_buffer": str(profile.grad_buffer.value)}
     if attention is not None:
         changes["attention"] = attention
     changes = {k: v for k, v in changes.items() if getattr(spec, k) != v}

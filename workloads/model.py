@@ -45,6 +45,9 @@ FP8_RECIPES = ("dynamic", "delayed")
 SELECTIVE_POLICIES = ("megatron", "op")
 """What selective recompute drops: Megatron-LM's attention core, or torchtitan's op-level
 policy (`workloads.layer.Layer.op_sac`)."""
+GRAD_BUFFERS = ("param", "reduce")
+"""Where a stack keeps the gradients (`ModelSpec.grad_buffer`): in the training dtype's bytes
+("param") or in the reduction's dtype (`GRAD_REDUCE_DTYPES`; "reduce")."""
 GRAD_REDUCE_DTYPES = ("param", "fp32", "fp32-for-bf16")
 """What the data-parallel gradient reduction carries per gradient (`ModelSpec.grad_reduce_dtype`):
 the training dtype's gradient ("param"), fp32 whatever the dtype ("fp32"), or fp32 when
@@ -133,8 +136,11 @@ class ModelSpec:
     """What the data-parallel gradient reduction (and the tied embedding's all-reduce) carries
     per gradient (`GRAD_REDUCE_DTYPES`; `grad_reduce_bytes`): a framework profile sets it
     (Megatron-LM reduces bf16 runs' gradients in fp32, torchtitan's FSDP2 reduce-scatters in
-    fp32). The gradients' memory is the training dtype's either way (not modelled: Megatron's
-    fp32 gradient buffer under bf16)."""
+    fp32). The gradients' memory follows `grad_buffer`."""
+    grad_buffer: str = "param"
+    """Whether the gradients' memory is in the training dtype's bytes ("param") or in the
+    reduction's (`grad_reduce_dtype`; "reduce": Megatron-Core's gradient buffer, fp32 under
+    bf16 with grad_reduce_in_fp32). A framework profile sets it (`GRAD_BUFFERS`)."""
     fp8_recipe: str = "dynamic"
     """How FP8 linear layers cast (`FP8_RECIPES`, `Op.fp8_recipe`): "dynamic" (torchao) or
     "delayed" (Transformer Engine); a framework profile sets it."""
@@ -191,6 +197,8 @@ class ModelSpec:
             raise bad("fsdp_copy_out_traffic", "must be in [0, 64) bytes per gathered byte")
         if not 0 <= self.grad_copy_traffic < 64:
             raise bad("grad_copy_traffic", "must be in [0, 64) bytes per gradient byte")
+        if self.grad_buffer not in GRAD_BUFFERS:
+            raise bad("grad_buffer", f"is not one of {', '.join(GRAD_BUFFERS)}")
         if self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
             raise bad("grad_reduce_dtype", f"is not one of {', '.join(GRAD_REDUCE_DTYPES)}")
         if self.fp8_recipe not in FP8_RECIPES:

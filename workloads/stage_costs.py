@@ -199,6 +199,17 @@ def grad_reduce_bytes(policy: str, dtype: str) -> float:
     return grad
 
 
+def state_bytes_per_param(dtype: str, grad_buffer: str = "param",
+                          grad_reduce_dtype: str = "param") -> tuple[float, float, float]:
+    """`optimizer_bytes_per_param`, with the gradients in the reduction's bytes where the stack
+    keeps them so (`ModelSpec.grad_buffer` "reduce": Megatron-Core's fp32 gradient buffer under
+    bf16: 2 + 4 + 12)."""
+    w, g, o = optimizer_bytes_per_param(dtype)
+    if grad_buffer == "reduce":
+        g = grad_reduce_bytes(grad_reduce_dtype, dtype)
+    return w, g, o
+
+
 ADAM_STEP_BYTES_PER_PARAM = 28.0
 """Bytes an Adam step reads and writes per parameter it updates (mixed precision): reads the
 fp32 master weight, the gradient (2), momentum and variance (4 each); writes master, momentum,

@@ -20,7 +20,7 @@ from trainsim.hwmodels.cluster import Cluster
 from trainsim.hwmodels.gpus import GpuSpec
 from trainsim.hwmodels.opcost import OpCostModel, RooflineCostModel
 from trainsim.workloads.model import ModelSpec, build_graph
-from trainsim.workloads.stage_costs import instruction_costs, optimizer_bytes_per_param
+from trainsim.workloads.stage_costs import instruction_costs, state_bytes_per_param
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,8 @@ class BlockCostTable:
         gpu = self.gpus[gpu_name]
         graph = build_graph(self.model, mbs, None if self.model.family == "wresnet"
                             else self.seq_len)
-        w, g, o = optimizer_bytes_per_param(self.dtype)
+        w, g, o = state_bytes_per_param(self.dtype, self.model.grad_buffer,
+                                        self.model.grad_reduce_dtype)
         n = self.num_blocks
         compute, forward, weight, comm, static, kept, extra = (np.zeros(n) for _ in range(7))
         bw = self._intra.get(gpu_name, float("inf"))

@@ -28,7 +28,7 @@ from trainsim.hwmodels.opcost import OpCostModel, RooflineCostModel
 from trainsim.workloads.lowering.layout import partition_layers
 from trainsim.workloads.model import ModelSpec, build_graph
 from trainsim.workloads.plan import uniform_split
-from trainsim.workloads.stage_costs import instruction_costs, optimizer_bytes_per_param
+from trainsim.workloads.stage_costs import instruction_costs, state_bytes_per_param
 
 PAD = 8
 """Lengths are padded to a multiple of this (DynaPipe rounds segment lengths up to 8)."""
@@ -73,7 +73,7 @@ class MicroBatchCosts:
         of per-iteration planning times)."""
         blocks = (model.num_layers + (model.decoder_layers if self.encoder_decoder else 0))
         self.counts = uniform_split(blocks, pp)
-        w, g, o = optimizer_bytes_per_param(self.dtype)
+        w, g, o = state_bytes_per_param(self.dtype, model.grad_buffer, model.grad_reduce_dtype)
         # ZeRO-1 shards the optimizer states over dp, ZeRO-2 the gradients too (as the lowering)
         o, g = o / (dp if zero >= 1 else 1), g / (dp if zero >= 2 else 1)
         graph = build_graph(model, 1, PAD) if not self.encoder_decoder else \

@@ -55,3 +55,18 @@ def test_bad_policy_is_refused() -> None:
 
     with pytest.raises(ValueError, match="grad_reduce_dtype"):
         dataclasses.replace(get_model("gpt3-350m"), grad_reduce_dtype="fp64")
+
+
+@pytest.mark.parametrize(("framework", "dtype", "per_param"), [
+    (None, "bf16", 16.0), ("megatron", "bf16", 18.0), ("megatron", "fp16", 16.0),
+    ("nemo", "bf16", 16.0), ("torchtitan", "bf16", 16.0)])
+def test_gradient_memory_follows_the_stacks_buffer(framework: str | None, dtype: str,
+                                                   per_param: float) -> None:
+    """Megatron-Core keeps bf16 runs' gradients in its fp32 buffer: 2 + 4 + 12 bytes a
+    parameter (data parallelism alone: every GPU holds the whole model)."""
+    spec = apply_framework(get_model("gpt3-350m"), framework)
+    plan = ParallelPlan.build(spec, CLUSTER, dp=8, global_batch=16, micro_batch_size=2,
+                              dtype=dtype)
+    program = lower(spec, CLUSTER, plan, LoweringOptions())
+    assert program.static_memory_bytes[0] == pytest.approx(per_param * spec.parameters(),
+                                                           rel=1e-9)

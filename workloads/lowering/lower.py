@@ -101,7 +101,7 @@ from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.op_work import InstructionCosts, Work
 from trainsim.workloads.ops import CommNeed
 from trainsim.workloads.plan import ParallelPlan
-from trainsim.workloads.stage_costs import optimizer_bytes_per_param
+from trainsim.workloads.stage_costs import state_bytes_per_param
 
 KIND_OF_ACTION = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
 
@@ -919,7 +919,8 @@ class _Lowering:
     def _program(self) -> Program:
         plan, layout = self.plan, self.layout
         cluster = layout.cluster
-        w, g, o = optimizer_bytes_per_param(plan.dtype)
+        model = layout.model
+        w, g, o = state_bytes_per_param(plan.dtype, model.grad_buffer, model.grad_reduce_dtype)
         static, capacity, idle, gpu_names, peaks, phi = [], [], [], [], [], []
         for p in range(layout.num_ranks):
             s = layout.phys_stage_of_prog(p)
