@@ -106,6 +106,10 @@ class FrameworkProfile:
         value=0.0, source="assumed: not modelled"))
     """Bytes per logit the loss's backward holds beyond the saved fp32 logits
     (`ModelSpec.loss_workspace_bytes`)."""
+    loss_workspace_tp: Sourced = field(default_factory=lambda: Sourced(
+        value=0.0, source="assumed: as without tensor parallelism"))
+    """`loss_workspace` where the loss is vocab-parallel (tp > 1)
+    (`ModelSpec.loss_workspace_tp_bytes`; 0: the same)."""
     fsdp_copy_out: Sourced = field(default_factory=lambda: Sourced(
         value=0.0, source="assumed: parameters view the gathered buffer (no copy)"))
     """Bytes moved per gathered parameter byte by the stack's FSDP copy on the compute stream
@@ -179,6 +183,7 @@ _OPTIONAL: dict[str, Callable[[str, object], Sourced]] = {
     "pipeline_microbatches": lambda where, raw: _sourced(where, raw, ("given", "pp")),
     "selective_recompute": lambda where, raw: _sourced(where, raw, SELECTIVE_POLICIES),
     "loss_workspace": _workspace,
+    "loss_workspace_tp": _workspace,
     "logged_memory_factor": _memory_factor,
     "fsdp_copy_out": _workspace,
     "reshard_with_pp": lambda where, raw: _sourced(where, raw, bool),
@@ -276,6 +281,7 @@ def apply_framework(spec: ModelSpec, framework: str | None = None,
         changes = {"attention": str(profile.attention.value),
                    "selective_policy": str(profile.selective_recompute.value),
                    "loss_workspace_bytes": float(profile.loss_workspace.value),
+                   "loss_workspace_tp_bytes": float(profile.loss_workspace_tp.value),
                    "fsdp_copy_out_traffic": float(profile.fsdp_copy_out.value),
                    "unfused_traffic": tuple(sorted(profile.unfused_traffic.value.items())),
                    "fp8_recipe": str(profile.fp8_recipe.value),

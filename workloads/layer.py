@@ -68,6 +68,9 @@ class Layer:
     backward_workspace_bytes: float = 0.0
     """Bytes the layer's backward holds beyond its saved activations (the loss's gradient
     buffers; `ModelSpec.loss_workspace_bytes`), before tensor-parallel sharding."""
+    backward_workspace_tp_bytes: float = 0.0
+    """The same where the loss is vocab-parallel (tp > 1) and the stack's parallel loss holds
+    more (`ModelSpec.loss_workspace_tp_bytes`); 0: `backward_workspace_bytes`."""
 
     @property
     def params(self) -> int:

@@ -119,6 +119,9 @@ class ModelSpec:
     loss_workspace_bytes: float = 0.0
     """Bytes per logit the loss's backward holds beyond the saved fp32 logits (the stack's
     cross-entropy implementation; workloads/data/frameworks.yaml). 0: not modelled."""
+    loss_workspace_tp_bytes: float = 0.0
+    """`loss_workspace_bytes` where the loss is vocab-parallel over tp > 1 (PyTorch's loss
+    parallel holds more in its backward than a fused kernel); 0: the same figure."""
     fsdp_copy_out_traffic: float = 0.0
     """Bytes read and written per gathered parameter byte by the copy FSDP2 runs on the
     compute stream after each all-gather (the flat gathered buffer split into the parameters'
@@ -193,6 +196,8 @@ class ModelSpec:
             raise bad("selective_policy", f"is not one of {', '.join(SELECTIVE_POLICIES)}")
         if not 0 <= self.loss_workspace_bytes < 64:
             raise bad("loss_workspace_bytes", "must be in [0, 64) bytes per logit")
+        if not 0 <= self.loss_workspace_tp_bytes < 64:
+            raise bad("loss_workspace_tp_bytes", "must be in [0, 64) bytes per logit")
         if not 0 <= self.fsdp_copy_out_traffic < 64:
             raise bad("fsdp_copy_out_traffic", "must be in [0, 64) bytes per gathered byte")
         if not 0 <= self.grad_copy_traffic < 64:

@@ -328,4 +328,6 @@ def lm_head_layer(spec: ModelSpec, b: int, s: int, *, name: str = "head",
                  input_bytes=spec.dtype_bytes * tokens * spec.hidden,
                  output_bytes=FP32_BYTES * tokens,
                  shared_params=spec.vocab_size * spec.hidden if spec.tied_embeddings else 0,
-                 backward_workspace_bytes=spec.loss_workspace_bytes * tokens * spec.vocab_size)
+                 backward_workspace_bytes=spec.loss_workspace_bytes * tokens * spec.vocab_size,
+                 backward_workspace_tp_bytes=spec.loss_workspace_tp_bytes * tokens
+                 * spec.vocab_size)

@@ -18,8 +18,11 @@ import yaml
 
 from trainsim import api
 from trainsim.errors import DataFileError
+from trainsim.hwmodels.gpus import get_gpu
+from trainsim.hwmodels.opcost import RooflineCostModel
 from trainsim.workloads.framework import apply_framework, get_framework, parse_profiles
 from trainsim.workloads.model import ModelSpec, build_graph
+from trainsim.workloads.stage_costs import instruction_costs
 from trainsim.workloads.transformer_block import LSE_BYTES
 from trainsim.workloads.zoo import get_model
 
@@ -218,3 +221,22 @@ def test_nemo_shards_optimizer_state_by_default() -> None:
     assert nemo.distributed_optimizer.value is True and nemo.fp8_recipe.value == "delayed"
     assert "use_distributed_optimizer=True" in nemo.distributed_optimizer.source
     assert get_framework("megatron").distributed_optimizer.value is False
+
+
+def test_a_vocab_parallel_loss_holds_its_own_workspace() -> None:
+    """torchtitan's loss parallel (tp > 1) holds 12 bytes a logit beyond the saved ones in its
+    backward, against 8 for the fused single-GPU loss: the head's working set follows tp."""
+    titan = get_framework("torchtitan")
+    assert titan.loss_workspace_tp.value == 12.0 and "loss.py" in titan.loss_workspace_tp.source
+    spec = apply_framework(SMALL, "torchtitan")
+    b, s = 1, 1024
+    head = build_graph(spec, b, s).layers[-1]
+    assert head.kind == "head"
+    logits = b * s * spec.vocab_size
+    kw: dict[str, Any] = {"sp": False, "ep": 1, "recompute": "none", "freq_mhz": None,
+                          "dtype": "bf16", "cost_model": RooflineCostModel(),
+                          "gpu": get_gpu("A100-SXM4-80GB")}
+    one = instruction_costs([head], tp=1, **kw)
+    two = instruction_costs([head], tp=2, **kw)
+    assert one.recompute_activation_bytes == pytest.approx(8.0 * logits)
+    assert two.recompute_activation_bytes == pytest.approx(12.0 * logits / 2)
