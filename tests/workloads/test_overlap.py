@@ -67,8 +67,8 @@ def test_overlap_flag_is_a_plan_field() -> None:
 def test_fsdp_without_resharding_gathers_once_per_step_and_keeps_it() -> None:
     """reshard_after_forward=False (torchtitan with pipeline parallelism): each stage gathers
     its parameters once, by its first forward, instead of before every pass, and holds them
-    with the gradients they accumulate unsharded: static memory grows by exactly
-    params x (2 (dp-1)/dp + 2) bytes."""
+    (static memory grows by the gathered weights) with the gradients they accumulate
+    unsharded, allocated at each stage's first backward, in the reduction's bytes."""
     from trainsim.workloads.lowering import lower
 
     model, cluster = api.load_model("gpt3-350m"), api.load_cluster("2x4xA100-SXM4-80GB")
@@ -88,6 +88,15 @@ def test_fsdp_without_resharding_gathers_once_per_step_and_keeps_it() -> None:
     layout_params = [progs[False].static_memory_bytes[r] - progs[True].static_memory_bytes[r]
                      for r in range(progs[False].num_ranks)]
     assert all(x > 0 for x in layout_params)
+    tasks = list(progs[False].tasks)
+    allocs = [i for i, t in enumerate(tasks) if t.name.endswith(".grads.alloc")]
+    assert {tasks[i].stage for i in allocs} == {0, 1} and not any(
+        t.name.endswith(".grads.alloc") for t in progs[True].tasks)
+    for i in allocs:  # ahead of the stage's first backward on the rank's compute stream
+        t = tasks[i]
+        first_b = min(j for j, u in enumerate(tasks) if u.stage == t.stage
+                      and u.kind == "backward" and u.ranks == t.ranks)
+        assert i < first_b and t.duration_s == 0.0 and t.mem_alloc_bytes > 0
     plan = ParallelPlan.build(model, cluster, reshard_after_forward=False, **fields)
     assert "reshard_after_forward" in plan.to_dict()
     assert "reshard_after_forward" not in ParallelPlan.build(model, cluster, **fields).to_dict()

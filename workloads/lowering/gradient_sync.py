@@ -65,6 +65,16 @@ class GradientSync:
         (lower.py), with the unsharded gradients they accumulate."""
         return self.plan.zero >= 3 and not self.plan.reshard_after_forward
 
+    def holds_unsharded_grads(self) -> bool:
+        """Whether each stage's unsharded gradients live from its first backward to the end of
+        the step: parameters kept gathered (`keeps_gathered`) over several micro-batches, whose
+        gradients accumulate unsharded, in the reduction's dtype, until the last backward
+        reduce-scatters them (FSDP2 under pipelining: torch's pipelining stage turns gradient
+        sync off until the last micro-batch, and FSDPParam.to_accumulated_grad_if_needed keeps
+        the accumulated gradient in reduce_dtype, fp32 under torchtitan)."""
+        return self.keeps_gathered() and (self.plan.num_micro_batches or 1) > 1 \
+            and self.plan.dp > 1
+
     def zero3_bytes(self, phys: int, c: InstructionCosts) -> float:
         """Gathered-parameter bytes a rank holds during a ZeRO-3 pass.
 

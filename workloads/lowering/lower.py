@@ -366,6 +366,8 @@ class _Lowering:
             uniform = _Uniform(plan.num_stages) if use_fast and len(set(mb_keys)) == 1 \
                 else None
             b, pending = self.b, self.pending
+            # (group, vstage) whose unsharded gradients are allocated (`holds_unsharded_grads`)
+            held: set[tuple[int, int]] = set()
             for phys in sorted(group.order):
                 acts, i, general = group.order[phys], 0, -1
                 while i < len(acts):
@@ -416,6 +418,10 @@ class _Lowering:
                         if sync_now else [self._scratch])
                     fk = final_kind.get(a.stage, "B")
                     flush(b, pending)
+                    if a.kind in ("B", "I") and (gi, a.stage) not in held \
+                            and sync.holds_unsharded_grads():
+                        held.add((gi, a.stage))
+                        self._hold_unsharded_grads(a, phys, c, group)
                     self._instruction(a, phys, c, fk, per_bucket, gi, group, freq, mb_key)
                     if use_fast and not sync_now \
                             and last_bwd.get(a.stage) != (a.kind, a.micro_batch):
@@ -470,6 +476,22 @@ class _Lowering:
         self.b.late_dep.extend(deps)
         if self.late:
             cast(ChunkedBuilder, self.b).append_late(*late_deps(self.late, cast(SlotMap, recv)))
+
+    def _hold_unsharded_grads(self, a: Action, phys: int, c: InstructionCosts,
+                              group: ScheduleGroup) -> None:
+        """Allocate virtual stage `a.stage`'s unsharded gradients on its units' ranks right
+        before its first backward (`GradientSync.holds_unsharded_grads`): a zero-length task
+        on the compute stream, ahead of the backward in the stream's order."""
+        b, layout = self.b, self.layout
+        if self.plan.dp_of_stage(phys) < 2:
+            return
+        name, kind = b.name_template(f"s{a.stage}.grads.alloc"), b.kind("wait")
+        size = c.params * self.sync.reduce_bytes
+        layers = layout.stage_layers[a.stage]
+        for u in layout.group_units(phys, group):
+            for p in layout.units(phys)[u][0]:
+                b.add(name, -1, kind, self.compute_stream, (p,), 0.0, 0.0, (), (),
+                      size, 0.0, 0.0, math.nan, a.micro_batch, a.stage, layers[0], layers[-1])
 
     def _instruction(self, a: Action, phys: int, c: InstructionCosts, final_kind: str,
                      per_bucket: list[dict[int, int]], gi: int, group: ScheduleGroup,
@@ -929,10 +951,10 @@ class _Lowering:
             per_param = (w / (dp if plan.zero >= 3 else 1) + g / (dp if plan.zero >= 2 else 1)
                          + o / (dp if plan.zero >= 1 else 1))
             if self.sync.keeps_gathered() and dp > 1:
-                # the gathered weights, and over several micro-batches the gradients they
-                # accumulate unsharded until the step's last backward reduce-scatters them
-                per_param += w * (dp - 1) / dp + (g if (plan.num_micro_batches or 1) > 1
-                                                  else 0.0)
+                # the gathered weights (the unsharded gradients they accumulate over several
+                # micro-batches are allocated at each stage's first backward:
+                # `_hold_unsharded_grads`)
+                per_param += w * (dp - 1) / dp
             gpu = cluster.gpu(layout.represents[p][0])
             static.append(params * per_param)
             capacity.append(float(gpu.memory_bytes))
