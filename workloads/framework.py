@@ -106,6 +106,10 @@ class FrameworkProfile:
         value=0.0, source="assumed: not modelled"))
     """Bytes per logit the loss's backward holds beyond the saved fp32 logits
     (`ModelSpec.loss_workspace_bytes`)."""
+    sac_keeps_unread: Sourced = field(default_factory=lambda: Sourced(
+        value=True, source="assumed: eager PyTorch"))
+    """Under op-level selective checkpointing, whether outputs the backward never reads are
+    kept too (`ModelSpec.sac_keeps_unread`)."""
     loss_workspace_tp: Sourced = field(default_factory=lambda: Sourced(
         value=0.0, source="assumed: as without tensor parallelism"))
     """`loss_workspace` where the loss is vocab-parallel (tp > 1)
@@ -184,6 +188,7 @@ _OPTIONAL: dict[str, Callable[[str, object], Sourced]] = {
     "selective_recompute": lambda where, raw: _sourced(where, raw, SELECTIVE_POLICIES),
     "loss_workspace": _workspace,
     "loss_workspace_tp": _workspace,
+    "sac_keeps_unread": lambda where, raw: _sourced(where, raw, bool),
     "logged_memory_factor": _memory_factor,
     "fsdp_copy_out": _workspace,
     "reshard_with_pp": lambda where, raw: _sourced(where, raw, bool),
@@ -282,6 +287,7 @@ def apply_framework(spec: ModelSpec, framework: str | None = None,
                    "selective_policy": str(profile.selective_recompute.value),
                    "loss_workspace_bytes": float(profile.loss_workspace.value),
                    "loss_workspace_tp_bytes": float(profile.loss_workspace_tp.value),
+                   "sac_keeps_unread": bool(profile.sac_keeps_unread.value),
                    "fsdp_copy_out_traffic": float(profile.fsdp_copy_out.value),
                    "unfused_traffic": tuple(sorted(profile.unfused_traffic.value.items())),
                    "fp8_recipe": str(profile.fp8_recipe.value),

@@ -65,6 +65,9 @@ class Layer:
     """For fused GEMM ops, the output shares of the separate matmuls a PyTorch model runs in
     their place, in call order (e.g. attn.qkv: q, k, v; a gated mlp.fc1: gate, up); `op_sac`
     counts them one by one."""
+    sac_keeps_unread: bool = True
+    """`ModelSpec.sac_keeps_unread`: under the "op" policy, keep the down projection's output
+    too (eager), or not (compiled: the backward never reads it)."""
     backward_workspace_bytes: float = 0.0
     """Bytes the layer's backward holds beyond its saved activations (the loss's gradient
     buffers; `ModelSpec.loss_workspace_bytes`), before tensor-parallel sharding."""
@@ -146,6 +149,8 @@ class Layer:
         matmuls -- but every second one, counted in call order per block -- and of the
         attention kernel (its output and logsumexp); everything else (norms, rotary, the
         activation, residual adds) and the skipped matmuls run again before the backward.
+        Without `sac_keeps_unread` (a compiled block) the down projection's output, which only
+        the residual add reads, is not kept.
         """
         kept = self.input_bytes / (tp if sp else 1)
         shares: dict[str, float] = {}
@@ -156,10 +161,11 @@ class Layer:
                 kept += op.output_bytes + op.activation_bytes - op.selective_kept_bytes
             elif op.kind == "matmul":
                 redo = 0.0
+                unread = not self.sac_keeps_unread and op.name.endswith("mlp.fc2")
                 for part in splits.get(op.name, (1.0,)):
                     count += 1
                     if count % 2:
-                        kept += part * op.output_bytes
+                        kept += 0.0 if unread else part * op.output_bytes
                     else:
                         redo += part
                 if redo:

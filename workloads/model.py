@@ -116,6 +116,11 @@ class ModelSpec:
     core only (Korthikanti et al. 2022 §5), or "op", torchtitan's op-level selective
     checkpointing (every GEMM and attention output saved but every second GEMM's; the rest
     recomputed). A framework profile (workloads/framework.py) sets it."""
+    sac_keeps_unread: bool = True
+    """Under the "op" selective policy: whether every saved op's output is kept, read by the
+    backward or not (eager PyTorch's checkpoint caches them all), or only those the backward
+    reads (a compiled graph: the MLP's down projection, which feeds only the residual add, is
+    not kept). A framework profile sets it."""
     loss_workspace_bytes: float = 0.0
     """Bytes per logit the loss's backward holds beyond the saved fp32 logits (the stack's
     cross-entropy implementation; workloads/data/frameworks.yaml). 0: not modelled."""
@@ -202,6 +207,8 @@ class ModelSpec:
             raise bad("fsdp_copy_out_traffic", "must be in [0, 64) bytes per gathered byte")
         if not 0 <= self.grad_copy_traffic < 64:
             raise bad("grad_copy_traffic", "must be in [0, 64) bytes per gradient byte")
+        if not isinstance(self.sac_keeps_unread, bool):
+            raise bad("sac_keeps_unread", "must be true or false")
         if self.grad_buffer not in GRAD_BUFFERS:
             raise bad("grad_buffer", f"is not one of {', '.join(GRAD_BUFFERS)}")
         if self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:

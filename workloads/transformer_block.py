@@ -253,6 +253,7 @@ def transformer_block(spec: ModelSpec, b: int, s: int, *, name: str = "block",
     return Layer(name=name, kind=kind, ops=tuple(ops), input_bytes=boundary,
                  output_bytes=boundary, side_input_bytes=side, recomputable=True,
                  selective_policy=spec.selective_policy if dense else "megatron",
+                 sac_keeps_unread=spec.sac_keeps_unread,
                  gemm_splits=_torch_gemm_splits(spec) if dense else ())
 
 

@@ -240,3 +240,19 @@ def test_a_vocab_parallel_loss_holds_its_own_workspace() -> None:
     two = instruction_costs([head], tp=2, **kw)
     assert one.recompute_activation_bytes == pytest.approx(8.0 * logits)
     assert two.recompute_activation_bytes == pytest.approx(12.0 * logits / 2)
+
+
+def test_a_compiled_block_does_not_keep_what_its_backward_never_reads() -> None:
+    """Under op-level checkpointing eager PyTorch keeps the down projection's output (a saved
+    matmul's), which only the residual add reads; torchtitan-compile does not."""
+    eager = apply_framework(get_model("llama2-7b"), "torchtitan")
+    compiled = apply_framework(get_model("llama2-7b"), "torchtitan-compile")
+    assert eager.sac_keeps_unread and not compiled.sac_keeps_unread
+    b, s = 1, 1024
+    block_e = next(la for la in build_graph(eager, b, s).layers if la.recomputable)
+    block_c = next(la for la in build_graph(compiled, b, s).layers if la.recomputable)
+    fc2 = next(op for op in block_e.ops if op.name.endswith("mlp.fc2"))
+    kept_e, shares_e = block_e.op_sac()
+    kept_c, shares_c = block_c.op_sac()
+    assert kept_e - kept_c == pytest.approx(fc2.output_bytes)
+    assert shares_e == shares_c  # nothing more is recomputed: it is just not kept
