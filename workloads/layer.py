@@ -150,7 +150,7 @@ class Layer:
         attention kernel (its output and logsumexp); everything else (norms, rotary, the
         activation, residual adds) and the skipped matmuls run again before the backward.
         Without `sac_keeps_unread` (a compiled block) the down projection's output, which only
-        the residual add reads, is not kept.
+        the residual add reads, is neither kept nor recomputed (the call still counts).
         """
         kept = self.input_bytes / (tp if sp else 1)
         shares: dict[str, float] = {}
@@ -162,10 +162,13 @@ class Layer:
             elif op.kind == "matmul":
                 redo = 0.0
                 unread = not self.sac_keeps_unread and op.name.endswith("mlp.fc2")
+                if unread:  # neither kept nor recomputed: no backward reads it
+                    count += len(splits.get(op.name, (1.0,)))
+                    continue
                 for part in splits.get(op.name, (1.0,)):
                     count += 1
                     if count % 2:
-                        kept += 0.0 if unread else part * op.output_bytes
+                        kept += part * op.output_bytes
                     else:
                         redo += part
                 if redo:

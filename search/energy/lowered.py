@@ -116,6 +116,8 @@ class LoweredExtras:
                                           if task.links and task.comm_bytes > 0 else 0.0)
                 tied = (a, b, took + (tied[2] if tied is not None else 0.0))
                 continue
+            if task.kind == "wait" and task.duration_s == 0.0:
+                continue  # a zero-length marker (an allocation, a stream hold): no time
             if task.kind not in MODELLED_KINDS:
                 raise SpecError(f"lowered program has {task.kind!r} task {task.name!r}: the "
                                 f"energy prediction models only {sorted(MODELLED_KINDS)} "

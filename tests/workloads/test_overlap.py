@@ -102,3 +102,15 @@ def test_fsdp_without_resharding_gathers_once_per_step_and_keeps_it() -> None:
     assert "reshard_after_forward" not in ParallelPlan.build(model, cluster, **fields).to_dict()
     with pytest.raises(PlanError, match="reshard_after_forward"):
         ParallelPlan.build(model, cluster, reshard_after_forward="no", **fields)
+
+
+def test_unsharded_gradients_are_held_on_stages_of_their_own_sizes() -> None:
+    """`stage_gpus` plans (plan dp 1, each stage its own dp) keep them too (review)."""
+    from trainsim.workloads.lowering import lower
+
+    model, cluster = api.load_model("gpt3-350m"), api.load_cluster("2x4xA100-SXM4-80GB")
+    plan = ParallelPlan.build(model, cluster, pp=2, stage_gpus=(6, 2), zero=3,
+                              reshard_after_forward=False, global_batch=48,
+                              micro_batch_size=12)
+    allocs = [t for t in lower(model, cluster, plan).tasks if t.name.endswith(".grads.alloc")]
+    assert {t.stage for t in allocs} == {0, 1}

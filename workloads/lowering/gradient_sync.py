@@ -72,8 +72,7 @@ class GradientSync:
         reduce-scatters them (FSDP2 under pipelining: torch's pipelining stage turns gradient
         sync off until the last micro-batch, and FSDPParam.to_accumulated_grad_if_needed keeps
         the accumulated gradient in reduce_dtype, fp32 under torchtitan)."""
-        return self.keeps_gathered() and (self.plan.num_micro_batches or 1) > 1 \
-            and self.plan.dp > 1
+        return self.keeps_gathered() and (self.plan.num_micro_batches or 1) > 1
 
     def zero3_bytes(self, phys: int, c: InstructionCosts) -> float:
         """Gathered-parameter bytes a rank holds during a ZeRO-3 pass.
