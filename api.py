@@ -282,11 +282,9 @@ def make_plan(model: ModelSpec, cluster: Cluster,
         if overrides.get("overlap_grad_reduce") is None:
             overrides["overlap_grad_reduce"] = profile.overlaps_grad_reduce(
                 overrides.get("zero") or 0)
-        # only where it can apply: a distributed optimizer whose gradients overlap
         if overrides.get("overlap_param_gather") is None:
-            overrides["overlap_param_gather"] = (
-                bool(profile.overlap_param_gather.value) and overrides.get("zero") in (1, 2)
-                and bool(overrides["overlap_grad_reduce"]))
+            overrides["overlap_param_gather"] = profile.overlaps_param_gather(
+                overrides.get("zero") or 0, bool(overrides["overlap_grad_reduce"]))
     if isinstance(plan, (str, Path)):
         base: dict[str, Any] | None = read_plan_file(plan).fields
     elif isinstance(plan, ParallelPlan):

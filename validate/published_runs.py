@@ -349,12 +349,10 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
         # torchtitan keeps FSDP's gathered parameters over a pipelined step (no reshard)
         "reshard_after_forward": pp == 1 or bool(get_framework(framework).reshard_with_pp.value),
     }
-    fields["overlap_grad_reduce"] = get_framework(framework).overlaps_grad_reduce(
-        fields["zero"])
-    # where it can apply: a distributed optimizer (ZeRO-1/2) whose gradients overlap
-    fields["overlap_param_gather"] = (
-        bool(get_framework(framework).overlap_param_gather.value)
-        and fields["zero"] in (1, 2) and fields["overlap_grad_reduce"])
+    profile = get_framework(framework)
+    fields["overlap_grad_reduce"] = profile.overlaps_grad_reduce(fields["zero"])
+    fields["overlap_param_gather"] = profile.overlaps_param_gather(
+        fields["zero"], fields["overlap_grad_reduce"])
     if "cp" in plan_fields:
         fields["cp"] = cp
     try:

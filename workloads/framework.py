@@ -134,6 +134,12 @@ class FrameworkProfile:
         value = self.overlap_grad_reduce.value
         return zero == 3 if value == "zero3" else bool(value)
 
+    def overlaps_param_gather(self, zero: int, overlap_grad_reduce: bool) -> bool:
+        """The profile's `overlap_param_gather` where it can apply: a distributed optimizer
+        (ZeRO-1/2) whose gradient reduction overlaps the backward (`ParallelPlan` refuses it
+        elsewhere)."""
+        return bool(self.overlap_param_gather.value) and zero in (1, 2) and overlap_grad_reduce
+
 
 def _sourced(where: str, raw: object, check: tuple[Any, ...] | type) -> Sourced:
     if not isinstance(raw, Mapping) or set(raw) != {"value", "source"}:

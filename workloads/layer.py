@@ -75,6 +75,13 @@ class Layer:
     """The same where the loss is vocab-parallel (tp > 1) and the stack's parallel loss holds
     more (`ModelSpec.loss_workspace_tp_bytes`); 0: `backward_workspace_bytes`."""
 
+    def backward_workspace(self, tp: int) -> float:
+        """Per-GPU bytes the backward holds beyond the saved activations at tensor-parallel
+        degree `tp` (the loss's buffers: vocab-parallel, so 1/tp of them)."""
+        tp_bytes = self.backward_workspace_tp_bytes
+        workspace = tp_bytes if tp > 1 and tp_bytes else self.backward_workspace_bytes
+        return workspace / tp
+
     @property
     def params(self) -> int:
         """Parameters owned by the layer."""

@@ -242,10 +242,7 @@ def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
         tot.kept += kept
         tot.extra = max(tot.extra, extra)  # one layer recomputed at a time (see stage_costs)
         # the loss's backward buffers, as stage_costs counts them (the stage's tp)
-        workspace = (layer.backward_workspace_tp_bytes
-                     if tp > 1 and layer.backward_workspace_tp_bytes
-                     else layer.backward_workspace_bytes)
-        tot.extra = max(tot.extra, workspace / tp)
+        tot.extra = max(tot.extra, layer.backward_workspace(tp))
     last = layers[-1]
     if prev is not None and last.kind != "head":
         fwd_r, bwd_r = reshard(prev.tp, prev.split_out, prev.output_bytes, tp, False)

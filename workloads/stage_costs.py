@@ -171,9 +171,7 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
         kept, extra = kept - dropped, dropped
     # the loss's gradient buffers live during the backward only, as recomputed activations
     # do; vocab-parallel cross entropy (tp > 1) holds 1/tp of them
-    workspace = (layer.backward_workspace_tp_bytes if tp > 1 and layer.backward_workspace_tp_bytes
-                 else layer.backward_workspace_bytes)
-    extra = max(extra, workspace / tp)
+    extra = max(extra, layer.backward_workspace(tp))
     out.kept, out.extra = kept, extra
     out.params = sum(op.params for op in ops)
     return out

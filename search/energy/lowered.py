@@ -31,6 +31,7 @@ prediction: `LoweredExtras.from_program` refuses programs that have them.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,7 @@ from trainsim.search.energy.replay import REPLAY_RTOL, ReplayCheck
 from trainsim.simulator.engines import run_program
 from trainsim.simulator.program import Program
 from trainsim.simulator.result import SimResult
+from trainsim.simulator.task import Task
 from trainsim.workloads.lowering import LoweringOptions, lower
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.plan import ParallelPlan
@@ -112,9 +114,7 @@ class LoweredExtras:
         for task in program.tasks:
             if task.name == TIED_SYNC_NAME and len(task.ranks) == 2:
                 a, b = sorted(task.ranks)
-                took = task.duration_s + (task.comm_bytes / min(bw[lid] for lid in task.links)
-                                          if task.links and task.comm_bytes > 0 else 0.0)
-                tied = (a, b, took + (tied[2] if tied is not None else 0.0))
+                tied = (a, b, _alone_s(task, bw) + (tied[2] if tied is not None else 0.0))
                 continue
             if task.kind == "wait" and task.duration_s == 0.0:
                 continue  # a zero-length marker (an allocation, a stream hold): no time
@@ -132,11 +132,16 @@ class LoweredExtras:
                     raise SpecError(f"unexpected transfer name {task.name!r}")
                 k, dst, direction, j = (int(match[1]), int(match[2]), match[3], int(match[4]))
                 edge = (index[(k, direction, j)], index[(dst, direction, j)])
-                alone = task.duration_s + (task.comm_bytes / min(bw[lid] for lid in task.links)
-                                           if task.links and task.comm_bytes > 0 else 0.0)
-                delay[edge] = delay.get(edge, 0.0) + alone
+                delay[edge] = delay.get(edge, 0.0) + _alone_s(task, bw)
         return cls(edge_delay_s=delay, step_time_s=step_t, step_energy_j=step_e,
                    tied_sync=tied)
+
+
+def _alone_s(task: Task, bandwidth: Mapping[str, float]) -> float:
+    """A transfer's time with its links to itself: latency + bytes / bottleneck bandwidth."""
+    if not task.links or task.comm_bytes <= 0:
+        return float(task.duration_s)
+    return float(task.duration_s + task.comm_bytes / min(bandwidth[lid] for lid in task.links))
 
 
 def _finish(dag: InstructionDag, t: np.ndarray, extras: LoweredExtras) -> np.ndarray:

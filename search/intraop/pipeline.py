@@ -70,6 +70,7 @@ from trainsim.workloads.sharding.plan import (
     grad_bytes,
     grad_sync_axes,
     holds_tied_copy,
+    local_params,
     saved_bytes,
     static_bytes,
 )
@@ -431,9 +432,7 @@ class _Lowering:
     def optimizer(self, s: int) -> None:
         st = self.stages[s]
         strat = st.plan.strategies
-        params = sum(-(-(n.op.params + (n.tied_params if holds_tied_copy(st.graph, n.index)
-                                         else 0)) // strat[n.index].param_div)
-                     for n in st.graph.nodes)
+        params = sum(local_params(st.graph, strat[n.index], n.index) for n in st.graph.nodes)
         gpu = self.cluster.gpu(st.ranks[0])
         est = self.pricing.cost_model.estimate(  # type: ignore[attr-defined]
             "elementwise", ADAM_STEP_FLOPS_PER_PARAM * params,

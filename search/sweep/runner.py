@@ -268,7 +268,7 @@ def write_table(path: Path, rows: Mapping[int, Mapping[str, Any]], schema: Any) 
     pa = _pyarrow()
     ordered = [rows[i] for i in sorted(rows)]
     table = pa.Table.from_pylist(ordered, schema=schema)
-    tmp = make_parent(path).with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # run_sweep made its folder
     try:
         pa.parquet.write_table(table, tmp, compression="zstd")
         os.replace(tmp, path)

@@ -245,21 +245,18 @@ class GradientSync:
         plan, layout = self.plan, self.layout
         if plan.pp < 2 or not self.opt.communication:
             return
-        graph = layout.graph(layout.micro_batches[0])
-        stage_of = {i: layout.phys_stage(k) for k, idx in enumerate(layout.stage_layers)
-                    for i in idx}
-        owner = [s for i, s in stage_of.items() if graph.layers[i].kind == "embedding"]
-        readers = sorted({s for i, s in stage_of.items() if graph.layers[i].shared_params})
-        if not owner or not readers:
+        first = next((s for s in range(plan.pp) if layout.holds_embedding(s)), None)
+        if first is None:
             return
-        for head in readers:
+        graph = layout.graph(layout.micro_batches[0])
+        for head in range(plan.pp):
             if layout.holds_embedding(head):  # no copy there (`holds_embedding`)
                 continue
-            layers = [graph.layers[i] for i, s in stage_of.items() if s == head]
+            layers = [graph.layers[i] for k in layout.stage_layers_idx(head)
+                      for i in layout.stage_layers[k]]
             size = shared_params(layers, plan.tp_of_stage(head)) * self.reduce_bytes
-            if size <= 0:
-                continue
-            self._tied_all_reduce(owner[0], head, size, last_compute)
+            if size > 0:
+                self._tied_all_reduce(first, head, size, last_compute)
 
     def _tied_all_reduce(self, first: int, head: int, size: float,
                          last_compute: dict[int, int]) -> None:

@@ -368,6 +368,7 @@ class _Lowering:
             b, pending = self.b, self.pending
             # (group, vstage) whose unsharded gradients are allocated (`holds_unsharded_grads`)
             held: set[tuple[int, int]] = set()
+            hold_grads = sync.holds_unsharded_grads()
             for phys in sorted(group.order):
                 acts, i, general = group.order[phys], 0, -1
                 while i < len(acts):
@@ -418,8 +419,7 @@ class _Lowering:
                         if sync_now else [self._scratch])
                     fk = final_kind.get(a.stage, "B")
                     flush(b, pending)
-                    if a.kind in ("B", "I") and (gi, a.stage) not in held \
-                            and sync.holds_unsharded_grads():
+                    if hold_grads and a.kind in ("B", "I") and (gi, a.stage) not in held:
                         held.add((gi, a.stage))
                         self._hold_unsharded_grads(a, phys, c, group)
                     self._instruction(a, phys, c, fk, per_bucket, gi, group, freq, mb_key)

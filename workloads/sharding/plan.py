@@ -53,12 +53,17 @@ def holds_tied_copy(graph: SpmdGraph, node: int) -> bool:
     return n.tied_params > 0 and (graph.tied is None or graph.tied[1] != node)
 
 
-def static_bytes(graph: SpmdGraph, strategy: Strategy, node: int, dtype: str) -> float:
-    """Weights + gradients + optimizer states of one node's local weight shard (a tied
-    copy it keeps included, `holds_tied_copy`)."""
+def local_params(graph: SpmdGraph, strategy: Strategy, node: int) -> int:
+    """Parameters of one device's weight shard of the node (a tied copy it keeps included,
+    `holds_tied_copy`)."""
     n = graph.nodes[node]
     params = n.op.params + (n.tied_params if holds_tied_copy(graph, node) else 0)
-    return -(-params // strategy.param_div) * sum(optimizer_bytes_per_param(dtype))
+    return -(-params // strategy.param_div)
+
+
+def static_bytes(graph: SpmdGraph, strategy: Strategy, node: int, dtype: str) -> float:
+    """Weights + gradients + optimizer states of one node's local weight shard."""
+    return local_params(graph, strategy, node) * sum(optimizer_bytes_per_param(dtype))
 
 
 def saved_bytes(graph: SpmdGraph, strategy: Strategy, node: int) -> float:
@@ -194,4 +199,4 @@ class ShardingPlan:
 
 
 __all__ = ["ShardingPlan", "edge_collectives", "grad_bytes", "grad_sync", "grad_sync_axes",
-           "holds_tied_copy", "kept_bytes", "saved_bytes", "static_bytes"]
+           "holds_tied_copy", "kept_bytes", "local_params", "saved_bytes", "static_bytes"]
