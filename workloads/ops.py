@@ -120,6 +120,13 @@ class Op:
     """Bytes read plus written by the backward kernels."""
     params: int
     """Trainable parameters owned by this op."""
+    replicated_params: int = 0
+    """Of `params`, those every tensor-parallel rank keeps whole whatever the sharding:
+    Megatron-LM's position and token-type embedding tables are plain ``torch.nn.Embedding``s
+    beside the vocab-parallel word embedding (megatron/core/models/common/embeddings/
+    language_model_embedding.py: "Position embedding (serial)"), so each rank holds, updates
+    and data-parallel-reduces all of them (GPT-3 175B: 2048 x 12288 = 25.2 M parameters on
+    the first stage's GPUs, not 3.1 M at tp 8)."""
     activation_bytes: float
     """Bytes saved in the forward pass for the backward pass (no recompute)."""
     output_bytes: float
@@ -155,6 +162,9 @@ class Op:
                      "activation_bytes", "output_bytes", "selective_kept_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Op {self.name!r}: {name}={getattr(self, name)} is negative")
+        if not 0 <= self.replicated_params <= self.params:
+            raise ValueError(f"Op {self.name!r}: replicated_params={self.replicated_params} "
+                             f"is not within 0..params ({self.params})")
         if self.selective_kept_bytes > self.activation_bytes:
             raise ValueError(f"Op {self.name!r}: selective_kept_bytes exceeds activation_bytes")
         if not self.shardings:
@@ -236,7 +246,8 @@ class Op:
             bwd_flops=self.bwd_flops / work,
             fwd_bytes=self.fwd_bytes / work,
             bwd_bytes=self.bwd_bytes / work,
-            params=-(-self.params // param_div),
+            params=self.replicated_params
+            + -(-(self.params - self.replicated_params) // param_div),
             activation_bytes=self.activation_bytes / act_div,
             selective_kept_bytes=self.selective_kept_bytes / act_div,
             output_bytes=self.output_bytes / out_div,
@@ -354,6 +365,7 @@ def matmul_op(name: str, *, m: int, n: int, k: int, dtype_bytes: int, bias: bool
 
 def elementwise_op(name: str, *, kind: str, elements: float, dtype_bytes: int,
                    flops_key: str | None = None, inputs: int = 1, params: int = 0,
+                   replicated_params: int = 0,
                    activation_bytes: float = 0.0, output_bytes: float | None = None,
                    shardings: tuple[Sharding, ...] = (REPLICATE,),
                    selective_recompute: bool = False) -> Op:
@@ -367,7 +379,7 @@ def elementwise_op(name: str, *, kind: str, elements: float, dtype_bytes: int,
         name=name, kind=kind, fwd_flops=fwd_flops, bwd_flops=backward_factor() * fwd_flops,
         fwd_bytes=dtype_bytes * elements * (inputs + 1),
         bwd_bytes=dtype_bytes * elements * (2 * inputs + 1),
-        params=params, activation_bytes=activation_bytes,
+        params=params, replicated_params=replicated_params, activation_bytes=activation_bytes,
         output_bytes=dtype_bytes * elements if output_bytes is None else output_bytes,
         selective_recompute=selective_recompute, shardings=shardings, shape=(int(elements),),
     )

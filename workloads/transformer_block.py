@@ -279,6 +279,7 @@ def embedding_layer(spec: ModelSpec, b: int, s: int, *, name: str = "embedding",
 
     The word embedding is vocab-parallel (Shoeybi et al. 2019 §3): each rank holds V/t rows and
     the partial lookups are all-reduced (reduce-scattered under SP) like a row-parallel GEMM.
+    The position and token-type tables are kept whole on every rank (`Op.replicated_params`).
     """
     B, h, tokens = spec.dtype_bytes, spec.hidden, b * s
     out_bytes = B * tokens * h
@@ -286,6 +287,7 @@ def embedding_layer(spec: ModelSpec, b: int, s: int, *, name: str = "embedding",
         "embedding", kind="embedding", elements=tokens * h, inputs=2, dtype_bytes=B,
         params=((spec.vocab_size if owns_word_embedding else 0) + positions + types) * h
         + extra_params,
+        replicated_params=(positions + types) * h,
         shardings=row_shardings(out_bytes, split_dim=None),
     )]
     if with_norm:

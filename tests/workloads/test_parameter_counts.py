@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainsim.workloads.model import build_graph
 from trainsim.workloads.zoo import get_model
 
 
@@ -91,3 +92,24 @@ def test_gqa_shrinks_kv_projection() -> None:
     graph = build_graph(get_model("llama2-70b"))
     qkv = next(op for op in graph.layers[1].ops if op.name == "attn.qkv")
     assert qkv.params == 8192 * (8192 + 2 * 1024)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_position_embedding_stays_whole_under_tensor_parallelism(tp: int) -> None:
+    """Megatron-LM splits the word embedding over the tensor-parallel ranks (vocab-parallel)
+    but keeps the learned position table whole on each (a plain torch.nn.Embedding): a GPT-3
+    175B first-stage GPU at tp 8 holds V·h/8 + s·h embedding parameters, not (V + s)·h/8."""
+    spec = get_model("gpt3-175b")
+    embedding = build_graph(spec).layers[0]
+    assert embedding.kind == "embedding"
+    h, V, s = spec.hidden, spec.vocab_size, spec.max_position_embeddings
+    local = sum(op.params for op in embedding.sharded_ops(tp))
+    assert local == -(-V * h // tp) + s * h
+
+
+def test_rotary_models_replicate_no_embedding_parameters() -> None:
+    """Without a learned position table (Llama: rotary) the embedding is all vocab-parallel."""
+    spec = get_model("llama2-7b")
+    embedding = build_graph(spec).layers[0]
+    assert sum(op.params for op in embedding.sharded_ops(8)) == -(-spec.vocab_size
+                                                                   * spec.hidden // 8)
