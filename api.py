@@ -271,20 +271,8 @@ def make_plan(model: ModelSpec, cluster: Cluster,
     way.
     """
     model = apply_framework(model, framework, attention)
-    if framework is not None and overrides.get("sp") is None and plan is None \
-            and (overrides.get("tp") or 1) > 1:
-        overrides["sp"] = bool(get_framework(framework).sequence_parallel.value)
     if framework is not None and plan is None:
-        profile = get_framework(framework)
-        if overrides.get("zero") is None and profile.distributed_optimizer.value \
-                and (overrides.get("dp") or 0) != 1:
-            overrides["zero"] = 1
-        if overrides.get("overlap_grad_reduce") is None:
-            overrides["overlap_grad_reduce"] = profile.overlaps_grad_reduce(
-                overrides.get("zero") or 0)
-        if overrides.get("overlap_param_gather") is None:
-            overrides["overlap_param_gather"] = profile.overlaps_param_gather(
-                overrides.get("zero") or 0, bool(overrides["overlap_grad_reduce"]))
+        overrides.update(get_framework(framework).plan_defaults(overrides))
     if isinstance(plan, (str, Path)):
         base: dict[str, Any] | None = read_plan_file(plan).fields
     elif isinstance(plan, ParallelPlan):
@@ -528,7 +516,8 @@ def search(model: str | ModelSpec, cluster: str | Cluster, *, global_batch: int,
            time_budget_s: float = 60.0, profile: str | Path | None = None,
            objective: str = "throughput", top: int = 5, engine: str = "numba",
            prices: Mapping[str, float] | None = None,
-           on_record: Callable[[SearchRecord], None] | None = None) -> SearchResult:
+           on_record: Callable[[SearchRecord], None] | None = None,
+           framework: str | None = None) -> SearchResult:
     """Search parallel plans for `model` on `cluster` with a planner (`grid`: Megatron-LM's
     uniform grid; `aceso`: iterative bottleneck alleviation), every candidate scored by the
     Oracle (lowered program + engine). Ctrl-C returns the best so far.
@@ -542,16 +531,20 @@ def search(model: str | ModelSpec, cluster: str | Cluster, *, global_batch: int,
         top: How many ranked plans to keep.
         prices: USD per GPU-hour by GPU type, overriding the catalog's.
         on_record: Called with each evaluated plan's record (progress bars).
+        framework: Plan for this stack (workloads/data/frameworks.yaml): the model as it
+            trains it (memory, kernels, gradient reduction) and its plan defaults in every
+            candidate (`FrameworkProfile.plan_defaults`); None: the model as it is.
     """
     planner = get_planner(method)
-    spec = load_model(model)
+    spec = apply_framework(load_model(model), framework)
     file_profile = profile if profile is not None and Path(profile).is_file() else None
     hw = with_prices(load_cluster(cluster, profile=file_profile), prices or {})
     request = SearchSpec(model=spec, cluster=hw, global_batch=global_batch,
                          memory_limit_bytes=None if memory_limit_gb is None
                          else memory_limit_gb * 1e9, time_budget_s=time_budget_s,
                          objective=objective, top_k=top)
-    oracle = Oracle(spec, hw, engine=engine, options=search_options(profile, spec, cluster))
+    oracle = Oracle(spec, hw, engine=engine, options=search_options(profile, spec, cluster),
+                    framework=framework)
     return run_search(planner, request, oracle=oracle, on_record=on_record)
 
 

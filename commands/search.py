@@ -26,6 +26,7 @@ from trainsim.search.exports import SEARCH_OUTPUT_FILES
 from trainsim.search.hetero.objectives import check_limits, limit_miss, parse_prices, run_totals
 from trainsim.search.methods import PLANNERS
 from trainsim.search.planner import SearchRecord, SearchResult
+from trainsim.workloads.framework import get_framework
 from trainsim.workloads.plan import ParallelPlan
 
 _METHOD = typer.Option("grid", "--method", help="grid (Megatron-LM uniform), aceso, or for "
@@ -55,6 +56,10 @@ _BUDGET_USD = typer.Option(None, "--budget-usd", help="Fail (exit 1, saying how 
                            "came) when the run over --tokens costs more.")
 _DEADLINE = typer.Option(None, "--deadline-days", help="Fail (exit 1, saying how close the best "
                          "came) when the run over --tokens takes longer.")
+_FRAMEWORK = typer.Option(None, "--framework", help="Plan for this stack (grid, aceso, "
+                          "hetero, fasop, uniform): the model as it trains it and its plan "
+                          "defaults (sequence parallelism, distributed optimizer, overlap) in "
+                          "every candidate; one of workloads/data/frameworks.yaml's profiles.")
 _MESH = typer.Option(None, "--mesh", help="intraop/alpa/megatron: device mesh, e.g. 8 or 2x4 "
                      "(default: 1-D over every GPU).")
 
@@ -67,7 +72,7 @@ def search_command(
     objective: str = _OBJ, top: int = _TOP, out: Path | None = _OUT, force: bool = _FORCE,
     as_json: bool = _JSON, price: list[str] | None = _PRICE, tokens: float | None = _TOKENS,
     budget_usd: float | None = _BUDGET_USD, deadline_days: float | None = _DEADLINE,
-    mesh: str | None = _MESH,
+    mesh: str | None = _MESH, framework: str | None = _FRAMEWORK,
 ) -> None:
     """Search parallel plans for MODEL on CLUSTER and print the best ones."""
     if method not in INTRAOP_METHODS and method not in PLANNERS:
@@ -75,6 +80,13 @@ def search_command(
     if mesh is not None and method not in INTRAOP_METHODS:
         raise SpecError(f"--mesh applies to the intra-op methods ({', '.join(INTRAOP_METHODS)})"
                         f"; --method {method} plans the whole cluster")
+    if framework is not None and method in INTRAOP_METHODS:
+        # the intra-op methods plan SPMD shardings (CFP, Alpa) of their own, not a stack's
+        # tensor/pipeline plan: none of a profile's plan defaults has a meaning there
+        raise SpecError(f"--framework applies to the pipeline planners ({', '.join(PLANNERS)})"
+                        f"; --method {method} plans intra-op shardings without one")
+    if framework is not None:
+        get_framework(framework)  # an unknown name: one line listing the profiles, now
     if method in INTRAOP_METHODS:
         intraop_search(method=method, model=model, cluster=cluster, global_batch=global_batch,
                        mesh=mesh, memory_limit_gb=memory_limit_gb, time_limit_s=time_budget_s,
@@ -100,7 +112,7 @@ def search_command(
         result = api.search(model, cluster, global_batch=global_batch, method=method,
                             memory_limit_gb=memory_limit_gb, time_budget_s=time_budget_s,
                             profile=profile, objective=objective, top=top, prices=prices,
-                            on_record=tick)
+                            on_record=tick, framework=framework)
     written: list[Path] = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

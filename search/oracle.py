@@ -30,6 +30,7 @@ from trainsim.simulator.engines import check_engine, run_program
 from trainsim.simulator.program import FrozenProgram
 from trainsim.simulator.result import LeanResult, SimResult, lean_result
 from trainsim.simulator.task_table import use_compiled_kernels
+from trainsim.workloads.framework import FrameworkProfile, get_framework
 from trainsim.workloads.lowering import LoweringOptions, lower
 from trainsim.workloads.lowering.cache import LoweringCache
 from trainsim.workloads.model import ModelSpec
@@ -191,12 +192,16 @@ class Oracle:
             table or timelines). False runs every plan from scratch through the full
             SimResult, as before issue 15 — the same Summaries, kept to measure the
             difference (bench/oracle.py).
+        framework: A framework profile's name (workloads/data/frameworks.yaml): plans given
+            as fields get its plan defaults where they leave a field unset (sequence
+            parallelism, distributed optimizer, overlap), as `sim simulate --framework` does.
     """
 
     model: ModelSpec
     cluster: Cluster
     engine: str = "numba"
     options: LoweringOptions | None = None
+    framework: FrameworkProfile | None = None
     fast: bool = True
     stats: OracleStats = field(default_factory=OracleStats)
     _cache: dict[str, Summary] = field(default_factory=dict, repr=False)
@@ -210,6 +215,7 @@ class Oracle:
         engine: str = "numba",
         options: LoweringOptions | None = None,
         fast: bool = True,
+        framework: str | None = None,
     ) -> None:
         self.engine = check_engine(engine)
         if self.engine == "numba":  # many programs: compiled CSR passes pay off (task_table)
@@ -222,6 +228,9 @@ class Oracle:
                                 "with trainsim.api.load_cluster)")
         self.model = model
         self.cluster = cluster
+        self.framework = None if framework is None else get_framework(framework)
+        """Whose plan defaults fill what a planner's fields leave unset (`plan`); the model
+        should be that stack's too (`workloads.framework.apply_framework`)."""
         self.options = options
         self.fast = fast
         self.stats = OracleStats()
@@ -234,7 +243,10 @@ class Oracle:
             plan.check(self.model, self.cluster)
             return plan
         if isinstance(plan, Mapping):
-            return ParallelPlan.build(self.model, self.cluster, **dict(plan))
+            fields = dict(plan)
+            if self.framework is not None:
+                fields.update(self.framework.plan_defaults(fields))
+            return ParallelPlan.build(self.model, self.cluster, **fields)
         raise PlanError(f"oracle: plan={plan!r} must be a ParallelPlan or a dict of its fields")
 
     def simulate(self, plan: ParallelPlan | Mapping[str, Any]) -> SimResult:

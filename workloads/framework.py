@@ -140,6 +140,25 @@ class FrameworkProfile:
         elsewhere)."""
         return bool(self.overlap_param_gather.value) and zero in (1, 2) and overlap_grad_reduce
 
+    def plan_defaults(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """The plan fields this stack sets where `fields` leave them unset (absent or None):
+        sequence parallelism with tensor parallelism where the profile turns it on, its
+        distributed optimizer (ZeRO-1) unless dp is 1, and its gradient-reduction and
+        parameter-gather overlap for the resulting ZeRO stage. What `make_plan` and an
+        Oracle given a framework (`sim search --framework`) fill in alike."""
+        out: dict[str, Any] = {}
+        if fields.get("sp") is None and (fields.get("tp") or 1) > 1:
+            out["sp"] = bool(self.sequence_parallel.value)
+        zero = fields.get("zero")
+        if zero is None and self.distributed_optimizer.value and (fields.get("dp") or 0) != 1:
+            zero = out["zero"] = 1
+        overlap = fields.get("overlap_grad_reduce")
+        if overlap is None:
+            overlap = out["overlap_grad_reduce"] = self.overlaps_grad_reduce(zero or 0)
+        if fields.get("overlap_param_gather") is None:
+            out["overlap_param_gather"] = self.overlaps_param_gather(zero or 0, bool(overlap))
+        return out
+
 
 def _sourced(where: str, raw: object, check: tuple[Any, ...] | type) -> Sourced:
     if not isinstance(raw, Mapping) or set(raw) != {"value", "source"}:
