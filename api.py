@@ -238,13 +238,14 @@ def lowering_options(*, profile: str | Path | ProfiledCostModel | None = None,
     return LoweringOptions(fold=not unfold, cost_model=cost)
 
 
-def save_plan(plan: ParallelPlan, path: str | Path, *, model: str, cluster: str) -> Path:
-    """Write `plan` with its run (the model and cluster as the user named them, trainsim's
-    version), so `sim simulate --plan FILE` alone reproduces it. Callers check the path first
-    (commands/output.py)."""
+def save_plan(plan: ParallelPlan, path: str | Path, *, model: str, cluster: str,
+              framework: str | None = None) -> Path:
+    """Write `plan` with its run (the model and cluster as the user named them, the framework
+    profile if any, trainsim's version), so `sim simulate --plan FILE` alone reproduces it.
+    Callers check the path first (commands/output.py)."""
     out = Path(path)
-    make_parent(out).write_text(plan_file_text(plan, model=model, cluster=cluster),
-                                encoding="utf-8")
+    make_parent(out).write_text(plan_file_text(plan, model=model, cluster=cluster,
+                                               framework=framework), encoding="utf-8")
     return out
 
 
@@ -272,7 +273,7 @@ def make_plan(model: ModelSpec, cluster: Cluster,
     """
     model = apply_framework(model, framework, attention)
     if framework is not None and plan is None:
-        overrides.update(get_framework(framework).plan_defaults(overrides))
+        overrides.update(get_framework(framework).plan_defaults(overrides, model.family))
     if isinstance(plan, (str, Path)):
         base: dict[str, Any] | None = read_plan_file(plan).fields
     elif isinstance(plan, ParallelPlan):
@@ -670,14 +671,16 @@ def microbatch(model: str | ModelSpec, cluster: str | Cluster, dataset: LengthDa
     return results, planner
 
 
-def search_files(result: SearchResult, *, model: str, cluster: str) -> dict[str, str]:
+def search_files(result: SearchResult, *, model: str, cluster: str,
+                 framework: str | None = None) -> dict[str, str]:
     """The files `sim search --out` writes, by name: the best plan as a plan file that names
-    its run (`model`, `cluster` as the user gave them), Aceso's config and Megatron-LM flags,
-    the ranked plans and the search log."""
+    its run (`model`, `cluster` as the user gave them, the `framework` it was planned for),
+    Aceso's config and Megatron-LM flags, the ranked plans and the search log."""
     files = search_output_files(result, result.spec.model, result.spec.cluster)
     best = result.best
     if best is not None and best.plan is not None:
-        files["best_plan.json"] = plan_file_text(best.plan, model=model, cluster=cluster)
+        files["best_plan.json"] = plan_file_text(best.plan, model=model, cluster=cluster,
+                                                 framework=framework)
     return files
 
 

@@ -116,7 +116,8 @@ def search_command(
     written: list[Path] = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        for name, text in api.search_files(result, model=model, cluster=cluster).items():
+        for name, text in api.search_files(result, model=model, cluster=cluster,
+                                           framework=framework).items():
             (out / name).write_text(text)
             written.append(out / name)
     if as_json:

@@ -146,6 +146,9 @@ def simulate_command(
     saved = api.read_plan(plan_file) if plan_file is not None else None
     model = model or (saved and saved.model) or DEFAULT_MODEL
     cluster = cluster or (saved and saved.cluster) or DEFAULT_CLUSTER
+    if saved is not None and framework is not None and saved.framework not in (None, framework):
+        typer.echo(f"override: --framework {framework} (plan file: {saved.framework})", err=True)
+    framework = framework or (saved and saved.framework) or None
     given = {"dp": dp, "tp": tp, "pp": pp, "sp": sp, "cp": cp, "ep": ep, "micro_batch_size": micro_batch,
              "global_batch": global_batch, "seq_len": seq_len, "schedule": schedule,
              "virtual_stages": virtual_stages, "zero": zero, "freq_mhz": freq_mhz,
@@ -179,7 +182,7 @@ def simulate_command(
                               options=options, framework=framework, attention=attention,
                               on_progress=on_progress, max_tasks=max_tasks)
     if save_plan:
-        api.save_plan(plan, save_plan, model=model, cluster=cluster)
+        api.save_plan(plan, save_plan, model=model, cluster=cluster, framework=framework)
     if timeline:
         with console.status("drawing the timeline..."):
             write_timeline_html(result, timeline, focus_rank=timeline_rank)

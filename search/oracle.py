@@ -245,7 +245,7 @@ class Oracle:
         if isinstance(plan, Mapping):
             fields = dict(plan)
             if self.framework is not None:
-                fields.update(self.framework.plan_defaults(fields))
+                fields.update(self.framework.plan_defaults(fields, self.model.family))
             return ParallelPlan.build(self.model, self.cluster, **fields)
         raise PlanError(f"oracle: plan={plan!r} must be a ParallelPlan or a dict of its fields")
 

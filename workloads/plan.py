@@ -583,8 +583,9 @@ class ParallelPlan:
             return max(self.replica_micro_batches, key=len)
         seq = self.seq_len or default_seq_len
         assert self.num_micro_batches is not None  # set in __post_init__
-        return tuple(MicroBatch(batch_size=self.micro_batch_size, seq_len=seq)
-                     for _ in range(self.num_micro_batches))
+        # one frozen micro-batch, repeated: a plan of 512 micro-batches built 512 equal ones
+        return (MicroBatch(batch_size=self.micro_batch_size, seq_len=seq),) \
+            * self.num_micro_batches
 
     def layers_per_stage(self, num_layers: int) -> tuple[int, ...]:
         """Transformer layers of each virtual stage; uniform split spreads the remainder.
@@ -911,9 +912,9 @@ class ParallelPlan:
         return dataclasses.replace(self, **changes)
 
 
-RUN_KEYS = ("model", "cluster", "trainsim_version")
+RUN_KEYS = ("model", "cluster", "framework", "trainsim_version")
 """Keys a saved plan file carries beside the plan's fields, so the file alone reproduces the
-run (workloads/plan_file.py)."""
+run (workloads/plan_file.py); "framework" only where the run named one."""
 
 
 def _group_gpus(group: Any) -> int:

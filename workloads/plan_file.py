@@ -2,7 +2,8 @@
 
 A plan file is the plan's fields (ParallelPlan.to_dict: degrees, global batch, sequence length,
 dtype, schedule, ...) plus RUN_KEYS: the model and the cluster as the user named them (a zoo
-name, a file path, a cluster spec) and the trainsim version that wrote it. Files from
+name, a file path, a cluster spec), the framework profile where the run named one, and the
+trainsim version that wrote it. Files from
 `sim simulate --save-plan`, `sim search --out` and `sim energy --out` share this schema; a file
 of plan fields alone (older files) still loads, with the model and cluster then given by flags.
 """
@@ -29,12 +30,18 @@ class PlanFile:
     model: str | None = None
     cluster: str | None = None
     trainsim_version: str | None = None
+    framework: str | None = None
+    """The framework profile the run was planned and simulated for (`--framework`)."""
 
 
-def plan_file_text(plan: ParallelPlan, *, model: str, cluster: str) -> str:
-    """Stable JSON of `plan` with its run keys (same plan and run, same bytes)."""
+def plan_file_text(plan: ParallelPlan, *, model: str, cluster: str,
+                   framework: str | None = None) -> str:
+    """Stable JSON of `plan` with its run keys (same plan and run, same bytes); `framework`
+    written only when given (files without one read as before)."""
     doc = {**plan.to_dict(), "model": model, "cluster": cluster,
            "trainsim_version": TRAINSIM_VERSION}
+    if framework is not None:
+        doc["framework"] = framework
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
@@ -62,4 +69,4 @@ def read_plan_file(path: str | Path) -> PlanFile:
         run[key] = value
     fields = {k: v for k, v in data.items() if k not in RUN_KEYS}
     return PlanFile(fields=fields, model=run["model"], cluster=run["cluster"],
-                    trainsim_version=run["trainsim_version"])
+                    trainsim_version=run["trainsim_version"], framework=run["framework"])

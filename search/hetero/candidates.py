@@ -130,9 +130,12 @@ class CandidateBuilder:
         elif mode == "fasop":
             partitions.append((minmax_partition(prefix, L), "min-max"))
         else:
-            inflight = [min(m, pp - s) for s in range(pp)]
+            # ZB-H1 holds p micro-batches on every rank until their W (simulator/schedules.py
+            # zb_h1), not 1F1B's p - s
+            zb = deg.schedule.startswith("zb")
+            inflight = [min(m, pp if zb else pp - s) for s in range(pp)]
             caps = [min(self.memory[t] for t in set(lay.types[s])) for s in range(pp)]
-            key = (tuple(stage_type), tuple(caps), deg.tp, mbs, deg.recompute, m)
+            key = (tuple(stage_type), tuple(caps), deg.tp, mbs, deg.recompute, m, zb)
             if key not in self._partitions:  # other orders giving the stages the same types
                 self._partitions[key] = exact_partition(prefix, L, m,
                                                         _fits(costs, caps, inflight))

@@ -69,3 +69,47 @@ def test_an_unknown_framework_is_one_line_before_any_search(
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "megatron" in err[0]
+
+
+def test_aceso_stages_get_the_distributed_optimizer() -> None:
+    """Aceso's fields say dp 1 and give each stage its GPUs and tp: a NeMo stage of 8 GPUs at
+    tp 2 is data-parallel 4, so it runs NeMo's ZeRO-1 with the parameter gather overlapped;
+    per-op degrees (which ParallelPlan keeps apart from ZeRO) get no ZeRO."""
+    from trainsim.workloads.framework import get_framework
+
+    nemo = get_framework("nemo")
+    fields = {"pp": 1, "dp": 1, "tp": 1, "stage_gpus": [8], "stage_tp": [2],
+              "stage_layers": [24], "micro_batch_size": 8, "global_batch": 32}
+    got = nemo.plan_defaults(fields)
+    assert got["zero"] == 1 and got["overlap_param_gather"] is True
+    assert "zero" not in nemo.plan_defaults({**fields, "stage_gpus": [2]})  # dp 1 everywhere
+    per_op = nemo.plan_defaults({**fields, "stage_op_tp": [{"attn.qkv": 2}]})
+    assert "zero" not in per_op and per_op["overlap_param_gather"] is False
+    model, hw = api.load_model("gpt3-350m"), api.load_cluster("8xA100-SXM4-40GB")
+    from trainsim.workloads.framework import apply_framework
+
+    plan = Oracle(apply_framework(model, "nemo"), hw, framework="nemo").plan(fields)
+    assert plan.zero == 1 and plan.overlap_param_gather
+
+
+def test_a_convolutional_model_gets_no_sequence_parallelism() -> None:
+    from trainsim.workloads.framework import get_framework
+
+    fields = {"dp": 1, "tp": 2, "pp": 4, "micro_batch_size": 4, "global_batch": 16}
+    assert "sp" not in get_framework("nemo").plan_defaults(fields, "wresnet")
+    assert get_framework("nemo").plan_defaults(fields, "gpt")["sp"] is True
+
+
+def test_the_best_plan_file_names_its_framework(capsys: pytest.CaptureFixture[str],
+                                                tmp_path) -> None:
+    """`sim search --framework F --out DIR` writes F into best_plan.json, so `sim simulate
+    --plan DIR/best_plan.json` alone reproduces the search's figure for that plan."""
+    out = tmp_path / "o"
+    searched = _search(capsys, "--framework", "torchtitan", "--out", str(out))
+    saved = json.loads((out / "best_plan.json").read_text())
+    assert saved["framework"] == "torchtitan"
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", "--plan", str(out / "best_plan.json"), "--json"])
+    assert (info.value.code or 0) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["iteration_time_s"] == searched["best"]["iteration_time_s"]

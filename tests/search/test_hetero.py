@@ -291,3 +291,17 @@ def test_bound_holds_without_embedding_and_head() -> None:
     deg = Degrees(dp=1, tp=1, pp=12, micro_batch_size=1, recompute="none")
     for cand in builder.build(deg, cyclic_orders(cluster)[0], "exact", "test"):
         assert cand.bound_s <= oracle.evaluate(cand.fields).iteration_time_s
+
+
+def test_partitions_checked_against_memory_fit_under_zero_bubble_schedules() -> None:
+    """The exact partition is sized against each stage's memory; under ZB-H1 every rank keeps
+    p micro-batches' activations until their W pass (simulator/schedules.py `zb_h1`), not
+    1F1B's p - s, so none of its partitions may come back out of memory from the Oracle
+    (six did when the check counted 1F1B's)."""
+    from trainsim import api
+
+    result = api.search("gpt3-1.3b", "1x4xA100-SXM4-40GB+1x4xA10", global_batch=64,
+                        method="hetero", time_budget_s=60)  # done in ~1 s
+    checked = [r for r in result.log if "exact partition" in r.note]
+    assert any("zb-h1" in r.note for r in checked)
+    assert not [r.note for r in checked if r.summary.oom]

@@ -113,3 +113,21 @@ def test_rotary_models_replicate_no_embedding_parameters() -> None:
     embedding = build_graph(spec).layers[0]
     assert sum(op.params for op in embedding.sharded_ops(8)) == -(-spec.vocab_size
                                                                    * spec.hidden // 8)
+
+
+def test_intra_op_sharding_splits_the_whole_embedding_table() -> None:
+    """Intra-op sharding (CFP, Alpa: workloads/sharding) splits every table over its mesh,
+    position rows included, also over more devices than the word table has rows per
+    position row (a 32-device mesh once refused the op: Megatron's whole position table
+    cannot be larger than the shard)."""
+    from trainsim.workloads.sharding.graph import build_spmd_graph
+    from trainsim.workloads.sharding.mesh import DeviceMesh
+    from trainsim.workloads.sharding.strategies import make_strategy, sharded_op
+
+    graph = build_spmd_graph(build_graph(get_model("gpt3-1.3b"), 1))
+    node = next(n for n in graph.nodes if n.op.name == "embedding")
+    for n in (8, 32, 64):
+        strategy = make_strategy(node, ("vocab",), DeviceMesh((n,)))
+        op = sharded_op(node.op, strategy, 1)
+        assert op.params == -(-node.op.params // strategy.param_div)
+        assert op.replicated_params == 0

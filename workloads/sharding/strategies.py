@@ -171,7 +171,7 @@ def sharded_op(op: Op, strategy: Strategy, out_div: int) -> Op:
     w = strategy.work_div
     return replace(op, fwd_flops=op.fwd_flops / w, bwd_flops=op.bwd_flops / w,
                    fwd_bytes=op.fwd_bytes / w, bwd_bytes=op.bwd_bytes / w,
-                   params=-(-op.params // strategy.param_div),
+                   params=-(-op.params // strategy.param_div), replicated_params=0,
                    activation_bytes=op.activation_bytes / strategy.act_div,
                    selective_kept_bytes=op.selective_kept_bytes / strategy.act_div,
                    output_bytes=op.output_bytes / out_div, shape=None)
