@@ -229,23 +229,4 @@ def rows_with_repeats(ptr: np.ndarray, values: np.ndarray) -> np.ndarray:
                               np.ascontiguousarray(values, dtype=np.int64))
 
 
-def load_kernels() -> None:
-    """Load every kernel here for the argument types its wrapper passes, now.
-
-    numba loads a cached kernel on its first call, about 10 ms each from disk here (65 ms for
-    the seven: first calls timed in a fresh process on bench/oracle.py's 1.3B grid stream,
-    2026-11-28). An Oracle evaluates thousands of plans, and the first plans to cross
-    `task_table.COMPILED_FOR_MANY` entries would pay it one kernel at a time in the middle of
-    a search; `task_table.use_compiled_kernels` pays it once, up front."""
-    i = np.zeros(2, np.int64)
-    counting_order(i, 1)
-    sorted_within(np.array([0, 2], np.int64), np.zeros(2, np.float64))
-    merge_late(np.array([0, 1, 2], np.int64), i, i[:1], i[:1], 2)
-    first_appearance(i, 1)
-    reverse_csr(np.array([0, 1, 2], np.int64), i, 1)
-    queues(np.array([0, 1, 2], np.int64), i, i, 1, 1)
-    rows_with_repeats(np.array([0, 1, 2], np.int64), i)
-
-
-__all__ = ["counting_order", "first_appearance", "load_kernels", "merge_late", "queues",
-           "reverse_csr", "rows_with_repeats"]
+__all__ = ["counting_order", "first_appearance", "merge_late", "queues", "reverse_csr", "rows_with_repeats"]

@@ -306,13 +306,7 @@ def use_compiled_kernels() -> None:
     """From now on, in this process, run the compiled CSR kernels from `COMPILED_FOR_MANY`
     entries on (their results are numpy's; tests/simulator/test_csr_numba.py). Process-wide
     and not undone: after an Oracle, a single `simulate` compiles them too (once per machine;
-    numba caches them on disk). Their first calls happen here (`csr_numba.load_kernels`), so
-    the plans that first need them do not each pay a load."""
-    if _THRESHOLD[0] == COMPILED_FOR_MANY:
-        return
-    from trainsim.simulator.csr_numba import load_kernels  # deferred: start-up time (numba)
-
-    load_kernels()
+    numba caches them on disk)."""
     _THRESHOLD[0] = COMPILED_FOR_MANY
 
 

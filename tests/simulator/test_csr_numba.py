@@ -182,32 +182,3 @@ def test_lean_result_is_the_same_on_either_path(monkeypatch: pytest.MonkeyPatch)
     want = lean_result(prog, start, end, engine="numba", frozen=frozen).ranks
     monkeypatch.setattr(task_table, "_THRESHOLD", [0])
     assert lean_result(prog, start, end, engine="numba", frozen=frozen).ranks == want
-
-
-def test_an_oracle_loads_every_kernel_up_front() -> None:
-    """`use_compiled_kernels` (what an Oracle calls) leaves every kernel compiled for the
-    argument types its wrapper passes, so no plan of a search pays a load halfway through;
-    checked in a fresh interpreter (kernels other tests ran are loaded here already)."""
-    import subprocess
-    import sys
-
-    script = """
-import numpy as np
-from trainsim.simulator import csr_numba
-from trainsim.simulator.task_table import use_compiled_kernels
-kernels = [csr_numba._counting_order, csr_numba._sorted_within, csr_numba._merge_late,
-           csr_numba._first_appearance, csr_numba._reverse, csr_numba._queues,
-           csr_numba._rows_with_repeats]
-use_compiled_kernels()
-before = [len(k.signatures) for k in kernels]
-ptr, idx = np.array([0, 2, 3]), np.array([1, 0, 1])
-csr_numba.reverse_csr(ptr, idx, 2)
-csr_numba.rows_with_repeats(ptr, idx)
-csr_numba.counting_order(idx, 2)
-csr_numba.sorted_within(np.array([0, 3]), np.array([0.5, 0.25, 1.0]))
-print(before, [len(k.signatures) for k in kernels])
-"""
-    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
-                         text=True, timeout=300).stdout.split("] [")
-    assert out[0] == "[1, 1, 1, 1, 1, 1, 1", out
-    assert out[1].strip() == "1, 1, 1, 1, 1, 1, 1]", out
