@@ -71,18 +71,21 @@ class BlockCostTable:
             if g.gpus_per_node > 1 and g.gpu.name not in self._intra:
                 self._intra[g.gpu.name] = cluster.bottleneck_bytes_per_s(first, first + 1)
             first += g.num_gpus
-        self._cache: dict[tuple[str, int, int, str], BlockCosts] = {}
+        self._cache: dict[tuple[str, int, int, str, bool], BlockCosts] = {}
         self.num_blocks = len(build_graph(model, 1, seq_len).transformer_layers())
 
-    def costs(self, gpu: str, tp: int, micro_batch_size: int, recompute: str) -> BlockCosts:
-        """Block costs on GPU type `gpu` (a name in the cluster)."""
-        key = (gpu, tp, micro_batch_size, recompute)
+    def costs(self, gpu: str, tp: int, micro_batch_size: int, recompute: str,
+              sp: bool = False) -> BlockCosts:
+        """Block costs on GPU type `gpu` (a name in the cluster); `sp`: with sequence
+        parallelism (tp > 1), as a framework's plan defaults run it."""
+        key = (gpu, tp, micro_batch_size, recompute, sp and tp > 1)
         found = self._cache.get(key)
         if found is None:
             found = self._cache[key] = self._compute(*key)
         return found
 
-    def _compute(self, gpu_name: str, tp: int, mbs: int, recompute: str) -> BlockCosts:
+    def _compute(self, gpu_name: str, tp: int, mbs: int, recompute: str,
+                 sp: bool) -> BlockCosts:
         gpu = self.gpus[gpu_name]
         graph = build_graph(self.model, mbs, None if self.model.family == "wresnet"
                             else self.seq_len)
@@ -101,7 +104,7 @@ class BlockCostTable:
             key = id(layer)
             if key not in cache:
                 cache[key] = instruction_costs(
-                    [layer], tp=tp, sp=False, ep=1, recompute=recompute,
+                    [layer], tp=tp, sp=sp, ep=1, recompute=recompute,
                     cost_model=self.cost_model, gpu=gpu, freq_mhz=None, dtype=self.dtype)
             c = cache[key]
             compute[block] += c.forward.time_s + c.backward.time_s + c.recompute.time_s

@@ -34,6 +34,8 @@ from trainsim.search.hetero.partition import (
     uniform_counts,
 )
 from trainsim.search.hetero.space import node_kinds
+from trainsim.workloads.framework import FrameworkProfile
+from trainsim.workloads.stage_costs import state_bytes_per_param
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,11 +89,14 @@ class Layout:
                 for d in range(len(self.types[0]))]
 
 
-def _fits(costs: list[BlockCosts], caps: list[float], inflight: list[int]) -> list[np.ndarray]:
-    """Per stage: fits[k][i, j] when blocks i..j-1 fit stage k's memory (estimate)."""
+def _fits(costs: list[BlockCosts], caps: list[float], inflight: list[int],
+          static_scale: float = 1.0) -> list[np.ndarray]:
+    """Per stage: fits[k][i, j] when blocks i..j-1 fit stage k's memory (estimate);
+    `static_scale`: the share of the blocks' weight, gradient and optimizer bytes a GPU keeps
+    (below 1 under a distributed optimizer)."""
     out = []
     for c, cap, q in zip(costs, caps, inflight):
-        ps, pk = c.sums["static"], c.sums["kept"]
+        ps, pk = c.sums["static"] * static_scale, c.sums["kept"]
         need = (ps[None, :] - ps[:, None]) + q * (pk[None, :] - pk[:, None]) + c.extra_bytes.max()
         out.append(need <= cap)
     return out
@@ -101,16 +106,43 @@ class CandidateBuilder:
     """Turns (degrees, node order) into candidates for one planner mode."""
 
     def __init__(self, table: BlockCostTable, cluster: Cluster, global_batch: int, *,
-                 memory_limit_bytes: float | None) -> None:
+                 memory_limit_bytes: float | None,
+                 framework: FrameworkProfile | None = None) -> None:
         self.table, self.cluster, self.batch = table, cluster, global_batch
+        self.framework = framework
+        """The stack the Oracle plans for: its distributed optimizer shards optimizer states
+        (`_static_scale`)."""
         self._partitions: dict[tuple[object, ...], tuple[int, ...] | None] = {}
         self.memory = {g.gpu.name: float(g.gpu.memory_bytes) for g in cluster.node_groups}
         if memory_limit_bytes is not None:
             self.memory = {k: min(v, memory_limit_bytes) for k, v in self.memory.items()}
 
+    def _sp(self, deg: Degrees) -> bool:
+        """Whether the Oracle runs these degrees with sequence parallelism (the framework's
+        plan defaults: on with tp > 1 for NeMo and torchtitan)."""
+        if self.framework is None:
+            return False
+        return bool(self.framework.plan_defaults({"dp": deg.dp, "tp": deg.tp},
+                                                 self.table.model.family).get("sp", False))
+
+    def _static_scale(self, deg: Degrees) -> float:
+        """Share of a stage's static bytes one GPU keeps at these degrees: all of them, or
+        under the framework's distributed optimizer (ZeRO-1, which the Oracle's plan defaults
+        give these fields) the weights and gradients and 1/dp of the optimizer states."""
+        if self.framework is None or deg.dp < 2:
+            return 1.0
+        model = self.table.model
+        zero = self.framework.plan_defaults({"dp": deg.dp, "tp": deg.tp},
+                                            model.family).get("zero", 0)
+        if zero != 1:
+            return 1.0
+        w, g, o = state_bytes_per_param(self.table.dtype, model.grad_buffer,
+                                        model.grad_reduce_dtype)
+        return (w + g + o / deg.dp) / (w + g + o)
+
     def _slowest(self, types: list[str], deg: Degrees) -> str:
         return max(set(types), key=lambda t: (self.table.costs(
-            t, deg.tp, deg.micro_batch_size, deg.recompute).compute_s.sum(), t))
+            t, deg.tp, deg.micro_batch_size, deg.recompute, self._sp(deg)).compute_s.sum(), t))
 
     def build(self, deg: Degrees, order: tuple[int, ...], mode: str,
               order_note: str) -> list[Candidate]:
@@ -122,7 +154,8 @@ class CandidateBuilder:
         L, pp, mbs = self.table.num_blocks, deg.pp, deg.micro_batch_size
         m = self.batch // (deg.dp * mbs)
         stage_type = [self._slowest(lay.types[s], deg) for s in range(pp)]
-        costs = [self.table.costs(t, deg.tp, mbs, deg.recompute) for t in stage_type]
+        costs = [self.table.costs(t, deg.tp, mbs, deg.recompute, self._sp(deg))
+                 for t in stage_type]
         prefix = [c.sums["estimate"] for c in costs]
         partitions: list[tuple[tuple[int, ...], str]] = []
         if mode == "uniform":
@@ -135,10 +168,11 @@ class CandidateBuilder:
             zb = deg.schedule.startswith("zb")
             inflight = [min(m, pp if zb else pp - s) for s in range(pp)]
             caps = [min(self.memory[t] for t in set(lay.types[s])) for s in range(pp)]
-            key = (tuple(stage_type), tuple(caps), deg.tp, mbs, deg.recompute, m, zb)
+            scale = self._static_scale(deg)
+            key = (tuple(stage_type), tuple(caps), deg.tp, mbs, deg.recompute, m, zb, scale)
             if key not in self._partitions:  # other orders giving the stages the same types
                 self._partitions[key] = exact_partition(prefix, L, m,
-                                                        _fits(costs, caps, inflight))
+                                                        _fits(costs, caps, inflight, scale))
             exact = self._partitions[key]
             if exact is not None:
                 partitions.append((exact, "exact"))
@@ -167,7 +201,8 @@ class CandidateBuilder:
         out = []
         for types in lay.replica_types():
             if types not in done:
-                cs = [self.table.costs(t, deg.tp, deg.micro_batch_size, deg.recompute)
+                cs = [self.table.costs(t, deg.tp, deg.micro_batch_size, deg.recompute,
+                                       self._sp(deg))
                       for t in types]
                 done[types] = stage_times([c.sums[what] for c in cs], counts)
             out.append(done[types])

@@ -113,7 +113,8 @@ class HeteroPlanner:
                                embedding_and_head=options is None or options.embedding_and_head)
         self._blocks = table.num_blocks
         builder = CandidateBuilder(table, state.cluster, state.spec.global_batch,
-                                   memory_limit_bytes=state.spec.memory_limit_bytes)
+                                   memory_limit_bytes=state.spec.memory_limit_bytes,
+                                   framework=state.oracle.framework)
         out: list[Candidate] = []
         orders = self.orders(state)
         for deg in self.grid(state, table.num_blocks):
