@@ -146,21 +146,23 @@ class FrameworkProfile:
         sequence parallelism with tensor parallelism where the profile turns it on, its
         distributed optimizer (ZeRO-1) unless no stage is data-parallel (an Aceso plan's
         stages: `stage_gpus` / `stage_tp`) or degrees are per op (`ParallelPlan` refuses
-        ZeRO with those), and its gradient-reduction and
+        ZeRO and sequence parallelism with those), and its gradient-reduction and
         parameter-gather overlap for the resulting ZeRO stage. What `make_plan` and an
         Oracle given a framework (`sim search --framework`) fill in alike. Sequence
         parallelism splits a transformer's norms and dropouts along the sequence, so a
         convolutional model (`family` "wresnet") gets none."""
         out: dict[str, Any] = {}
-        if fields.get("sp") is None and (fields.get("tp") or 1) > 1 and family != "wresnet":
-            out["sp"] = bool(self.sequence_parallel.value)
-        zero = fields.get("zero")
-        replicas = fields.get("dp") or 0
+        replicas, tp = fields.get("dp") or 0, fields.get("tp") or 1
         gpus, tps = fields.get("stage_gpus"), fields.get("stage_tp")
+        if tps:  # Aceso-style stages (plan tp 1): the largest stage degree
+            tp = max(tp, *tps)
         if gpus:  # Aceso-style stages (plan dp 1): each stage's own data-parallel degree
             tps = tps or [fields.get("tp") or 1] * len(gpus)
             replicas = max(g // t for g, t in zip(gpus, tps, strict=True))
         per_op = bool(fields.get("op_tp")) or any(fields.get("stage_op_tp") or ())
+        if fields.get("sp") is None and tp > 1 and family != "wresnet" and not per_op:
+            out["sp"] = bool(self.sequence_parallel.value)
+        zero = fields.get("zero")
         if zero is None and self.distributed_optimizer.value and replicas != 1 and not per_op:
             zero = out["zero"] = 1
         overlap = fields.get("overlap_grad_reduce")

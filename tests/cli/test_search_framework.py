@@ -81,15 +81,18 @@ def test_aceso_stages_get_the_distributed_optimizer() -> None:
     fields = {"pp": 1, "dp": 1, "tp": 1, "stage_gpus": [8], "stage_tp": [2],
               "stage_layers": [24], "micro_batch_size": 8, "global_batch": 32}
     got = nemo.plan_defaults(fields)
-    assert got["zero"] == 1 and got["overlap_param_gather"] is True
+    assert got["zero"] == 1 and got["overlap_param_gather"] is True and got["sp"] is True
     assert "zero" not in nemo.plan_defaults({**fields, "stage_gpus": [2]})  # dp 1 everywhere
     per_op = nemo.plan_defaults({**fields, "stage_op_tp": [{"attn.qkv": 2}]})
-    assert "zero" not in per_op and per_op["overlap_param_gather"] is False
+    assert "zero" not in per_op and "sp" not in per_op
+    assert per_op["overlap_param_gather"] is False
     model, hw = api.load_model("gpt3-350m"), api.load_cluster("8xA100-SXM4-40GB")
     from trainsim.workloads.framework import apply_framework
 
-    plan = Oracle(apply_framework(model, "nemo"), hw, framework="nemo").plan(fields)
-    assert plan.zero == 1 and plan.overlap_param_gather
+    oracle = Oracle(apply_framework(model, "nemo"), hw, framework="nemo")
+    plan = oracle.plan(fields)
+    assert plan.zero == 1 and plan.overlap_param_gather and plan.sp
+    assert oracle.evaluate(fields).error is None
 
 
 def test_a_convolutional_model_gets_no_sequence_parallelism() -> None:

@@ -71,3 +71,21 @@ def test_stage_fields_round_trip_through_json() -> None:
                         stage_recompute=("full", ("attn.score", "attn.softmax")))
     again = ParallelPlan.from_json(plan.to_json())
     assert again == plan
+
+
+def test_sequence_parallelism_applies_to_the_stages_with_tensor_parallelism() -> None:
+    """Aceso-style stage degrees take `sp`: a tp-2 stage splits its sequence (less memory),
+    a tp-1 stage runs as without it, and folded equals unfolded."""
+    from trainsim import api
+
+    m, hw = api.load_model("gpt3-350m"), api.load_cluster("8xA100-SXM4-40GB")
+    fields = {"pp": 2, "dp": 1, "tp": 1, "stage_gpus": [4, 4], "stage_tp": [2, 1],
+              "stage_layers": [12, 12], "micro_batch_size": 8, "global_batch": 32}
+    peaks = {}
+    for sp in (False, True):
+        plan = api.make_plan(m, hw, {**fields, "sp": sp})
+        folded, unfolded = api.simulate(m, hw, plan), api.simulate(m, hw, plan, unfold=True)
+        assert folded.iteration_time_s == unfolded.iteration_time_s
+        peaks[sp] = [r.peak_memory_bytes for r in folded.ranks]
+    assert peaks[True][0] < peaks[False][0]  # the tp-2 stage
+    assert peaks[True][1] == peaks[False][1]  # the tp-1 stage
