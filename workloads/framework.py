@@ -154,8 +154,9 @@ class FrameworkProfile:
         out: dict[str, Any] = {}
         replicas, tp = fields.get("dp") or 0, fields.get("tp") or 1
         gpus, tps = fields.get("stage_gpus"), fields.get("stage_tp")
-        if tps:  # Aceso-style stages (plan tp 1): the largest stage degree
-            tp = max(tp, *tps)
+        if tps:  # Aceso-style stages (plan tp 1): sp where they share one degree, as
+            # ParallelPlan.check requires of sequence parallelism
+            tp = tps[0] if len(set(tps)) == 1 else 1
         if gpus:  # Aceso-style stages (plan dp 1): each stage's own data-parallel degree
             tps = tps or [fields.get("tp") or 1] * len(gpus)
             replicas = max(g // t for g, t in zip(gpus, tps, strict=True))

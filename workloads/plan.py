@@ -707,11 +707,16 @@ class ParallelPlan:
             seq = self.seq_len or int(getattr(model, "seq_len", 0) or 0)
             if seq % self.cp:
                 raise PlanError(f"sequence length {seq} is not divisible by plan.cp={self.cp}")
-        if self.sp and max(self.tp_of_stage(s) for s in range(self.pp)) == 1:
-            # per-stage degrees (Aceso's stage_tp): the stages with tp > 1 split their
-            # sequence, the others run as without it (their shardings divide by 1)
-            raise PlanError("plan.sp=true needs plan.tp > 1 (or a stage_tp > 1: sequence "
+        stage_tps = {self.tp_of_stage(s) for s in range(self.pp)}
+        if self.sp and max(stage_tps) == 1:
+            raise PlanError("plan.sp=true needs plan.tp > 1 (or stage_tp > 1: sequence "
                             "parallelism splits along the tensor-parallel group)")
+        if self.sp and len(stage_tps) > 1:
+            # a stage-boundary transfer between sequence-split groups of different sizes
+            # would need resharding that layout.p2p_pairs does not size (it scales by the
+            # replica batch only)
+            raise PlanError(f"plan.sp=true needs one tensor-parallel degree on every stage; "
+                            f"plan.stage_tp has {sorted(stage_tps)}")
         if self.seq_len is not None and getattr(model, "family", None) == "wresnet":
             raise PlanError(f"plan.seq_len={self.seq_len}: model {model.name!r} is a Wide-ResNet "
                             f"(images, no sequence dimension); leave seq_len unset (--seq-len)")

@@ -83,6 +83,8 @@ def test_aceso_stages_get_the_distributed_optimizer() -> None:
     got = nemo.plan_defaults(fields)
     assert got["zero"] == 1 and got["overlap_param_gather"] is True and got["sp"] is True
     assert "zero" not in nemo.plan_defaults({**fields, "stage_gpus": [2]})  # dp 1 everywhere
+    mixed = nemo.plan_defaults({**fields, "pp": 2, "stage_gpus": [4, 4], "stage_tp": [2, 1]})
+    assert "sp" not in mixed and mixed["zero"] == 1  # sp needs one degree on every stage
     per_op = nemo.plan_defaults({**fields, "stage_op_tp": [{"attn.qkv": 2}]})
     assert "zero" not in per_op and "sp" not in per_op
     assert per_op["overlap_param_gather"] is False
