@@ -326,6 +326,7 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
     except TrainsimError as exc:
         return no(f"cluster refused: {exc}")
     tp, pp = run.integer("tp") or 1, run.integer("pp") or 1
+    profile = get_framework(framework)
     virtual = int(_default(run, "virtual_stages", _default_virtual_stages(run, framework, pp),
                            notes, matters=pp > 1))
     fields: dict[str, Any] = {
@@ -335,24 +336,22 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
         # an empty cell: the framework's default, which only exists with tensor parallelism
         "sp": tp > 1 and _default(
             run, "sequence_parallel",
-            "true" if get_framework(framework).sequence_parallel.value else "false",
+            "true" if profile.sequence_parallel.value else "false",
             notes).lower() in ("true", "1"),
         # `selective` (torchtitan's "selective layer" / "selective op", SOURCES.md) maps to
         # the plan's selective policy: Megatron's attention-core recompute, the closest one.
         "recompute": _default(run, "recompute", "none", notes),
         # 3: FSDP / ZeRO-3; empty: 1 where the stack shards optimizer state by default
         "zero": int(_default(run, "zero",
-                             int(bool(get_framework(framework).distributed_optimizer.value)),
+                             int(bool(profile.distributed_optimizer.value)),
                              notes)),
         "schedule": "interleaved" if virtual > 1 else "1f1b", "virtual_stages": virtual,
         "tp_comm_overlap": _async_tp(run, tp, notes),
         # torchtitan keeps FSDP's gathered parameters over a pipelined step (no reshard)
-        "reshard_after_forward": pp == 1 or bool(get_framework(framework).reshard_with_pp.value),
+        "reshard_after_forward": pp == 1 or bool(profile.reshard_with_pp.value),
     }
-    profile = get_framework(framework)
-    fields["overlap_grad_reduce"] = profile.overlaps_grad_reduce(fields["zero"])
-    fields["overlap_param_gather"] = profile.overlaps_param_gather(
-        fields["zero"], fields["overlap_grad_reduce"])
+    # sp and zero are set above (the row's or the profile's): this adds the overlap flags
+    fields.update(profile.plan_defaults(fields, model.family))
     if "cp" in plan_fields:
         fields["cp"] = cp
     try:
@@ -360,7 +359,7 @@ def express(run: PublishedRun) -> Expressed | NotExpressible:
     except TrainsimError as exc:
         return no(f"plan refused: {exc}")
     return Expressed(model, cluster, plan, tuple(notes),
-                     float(get_framework(framework).logged_memory_factor.value))
+                     float(profile.logged_memory_factor.value))
 
 
 @dataclass(frozen=True, slots=True)

@@ -707,11 +707,11 @@ class ParallelPlan:
             seq = self.seq_len or int(getattr(model, "seq_len", 0) or 0)
             if seq % self.cp:
                 raise PlanError(f"sequence length {seq} is not divisible by plan.cp={self.cp}")
-        stage_tps = {self.tp_of_stage(s) for s in range(self.pp)}
-        if self.sp and max(stage_tps) == 1:
+        stage_tps = {self.tp_of_stage(s) for s in range(self.pp)} if self.sp else set()
+        if stage_tps == {1}:
             raise PlanError("plan.sp=true needs plan.tp > 1 (or stage_tp > 1: sequence "
                             "parallelism splits along the tensor-parallel group)")
-        if self.sp and len(stage_tps) > 1:
+        if len(stage_tps) > 1:
             # a stage-boundary transfer between sequence-split groups of different sizes
             # would need resharding that layout.p2p_pairs does not size (it scales by the
             # replica batch only)

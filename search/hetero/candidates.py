@@ -110,39 +110,38 @@ class CandidateBuilder:
                  framework: FrameworkProfile | None = None) -> None:
         self.table, self.cluster, self.batch = table, cluster, global_batch
         self.framework = framework
-        """The stack the Oracle plans for: its distributed optimizer shards optimizer states
-        (`_static_scale`)."""
+        """The stack the Oracle plans for (its plan defaults: `_framework_terms`)."""
+        self._terms: dict[tuple[int, int], tuple[bool, float]] = {}
         self._partitions: dict[tuple[object, ...], tuple[int, ...] | None] = {}
         self.memory = {g.gpu.name: float(g.gpu.memory_bytes) for g in cluster.node_groups}
         if memory_limit_bytes is not None:
             self.memory = {k: min(v, memory_limit_bytes) for k, v in self.memory.items()}
 
-    def _sp(self, deg: Degrees) -> bool:
-        """Whether the Oracle runs these degrees with sequence parallelism (the framework's
-        plan defaults: on with tp > 1 for NeMo and torchtitan)."""
-        if self.framework is None:
-            return False
-        return bool(self.framework.plan_defaults({"dp": deg.dp, "tp": deg.tp},
-                                                 self.table.model.family).get("sp", False))
-
-    def _static_scale(self, deg: Degrees) -> float:
-        """Share of a stage's static bytes one GPU keeps at these degrees: all of them, or
-        under the framework's distributed optimizer (ZeRO-1, which the Oracle's plan defaults
-        give these fields) the weights and gradients and 1/dp of the optimizer states."""
-        if self.framework is None or deg.dp < 2:
-            return 1.0
-        model = self.table.model
-        zero = self.framework.plan_defaults({"dp": deg.dp, "tp": deg.tp},
-                                            model.family).get("zero", 0)
-        if zero != 1:
-            return 1.0
-        w, g, o = state_bytes_per_param(self.table.dtype, model.grad_buffer,
-                                        model.grad_reduce_dtype)
-        return (w + g + o / deg.dp) / (w + g + o)
+    def _framework_terms(self, deg: Degrees) -> tuple[bool, float]:
+        """(sp, static scale) of these degrees as the Oracle runs them under the framework's
+        plan defaults: sequence parallelism (on with tp > 1 for NeMo and torchtitan), and the
+        share of a stage's static bytes one GPU keeps -- all of them, or under its distributed
+        optimizer (ZeRO-1) the weights and gradients and 1/dp of the optimizer states."""
+        key = (deg.dp, deg.tp)
+        found = self._terms.get(key)
+        if found is None:
+            sp, scale = False, 1.0
+            if self.framework is not None:
+                model = self.table.model
+                defaults = self.framework.plan_defaults({"dp": deg.dp, "tp": deg.tp},
+                                                        model.family)
+                sp = bool(defaults.get("sp", False))
+                if defaults.get("zero") == 1:
+                    w, g, o = state_bytes_per_param(self.table.dtype, model.grad_buffer,
+                                                    model.grad_reduce_dtype)
+                    scale = (w + g + o / deg.dp) / (w + g + o)
+            found = self._terms[key] = (sp, scale)
+        return found
 
     def _slowest(self, types: list[str], deg: Degrees) -> str:
         return max(set(types), key=lambda t: (self.table.costs(
-            t, deg.tp, deg.micro_batch_size, deg.recompute, self._sp(deg)).compute_s.sum(), t))
+            t, deg.tp, deg.micro_batch_size, deg.recompute,
+            self._framework_terms(deg)[0]).compute_s.sum(), t))
 
     def build(self, deg: Degrees, order: tuple[int, ...], mode: str,
               order_note: str) -> list[Candidate]:
@@ -154,8 +153,8 @@ class CandidateBuilder:
         L, pp, mbs = self.table.num_blocks, deg.pp, deg.micro_batch_size
         m = self.batch // (deg.dp * mbs)
         stage_type = [self._slowest(lay.types[s], deg) for s in range(pp)]
-        costs = [self.table.costs(t, deg.tp, mbs, deg.recompute, self._sp(deg))
-                 for t in stage_type]
+        sp, scale = self._framework_terms(deg)
+        costs = [self.table.costs(t, deg.tp, mbs, deg.recompute, sp) for t in stage_type]
         prefix = [c.sums["estimate"] for c in costs]
         partitions: list[tuple[tuple[int, ...], str]] = []
         if mode == "uniform":
@@ -168,7 +167,6 @@ class CandidateBuilder:
             zb = deg.schedule.startswith("zb")
             inflight = [min(m, pp if zb else pp - s) for s in range(pp)]
             caps = [min(self.memory[t] for t in set(lay.types[s])) for s in range(pp)]
-            scale = self._static_scale(deg)
             key = (tuple(stage_type), tuple(caps), deg.tp, mbs, deg.recompute, m, zb, scale)
             if key not in self._partitions:  # other orders giving the stages the same types
                 self._partitions[key] = exact_partition(prefix, L, m,
@@ -202,7 +200,7 @@ class CandidateBuilder:
         for types in lay.replica_types():
             if types not in done:
                 cs = [self.table.costs(t, deg.tp, deg.micro_batch_size, deg.recompute,
-                                       self._sp(deg))
+                                       self._framework_terms(deg)[0])
                       for t in types]
                 done[types] = stage_times([c.sums[what] for c in cs], counts)
             out.append(done[types])
