@@ -93,3 +93,34 @@ def test_sequence_parallelism_on_per_stage_degrees_needs_one_degree() -> None:
     assert all(a < b for a, b in zip(peaks[True], peaks[False]))
     with pytest.raises(PlanError, match=r"one tensor-parallel degree on every stage"):
         api.make_plan(m, hw, {**fields, "stage_tp": [2, 1], "sp": True})
+
+
+def _boundary_bytes(program: object, prefix: str) -> float:
+    """Bytes of the stage-boundary transfers whose names start with `prefix`."""
+    table = program.table()  # type: ignore[attr-defined]
+    names = program.task_names()  # type: ignore[attr-defined]
+    p2p = table.kind_names.index("p2p")
+    return sum(float(table.comm_bytes[i]) for i, n in enumerate(names)
+               if int(table.kind_code[i]) == p2p and n.startswith(prefix))
+
+
+@pytest.mark.parametrize(("stage_gpus", "stage_tp"), [
+    ((4, 4), (1, 4)), ((4, 4), (4, 1)), ((2, 6), (1, 1)), ((2, 6), (2, 1)), ((4, 4), (2, 2))])
+@pytest.mark.parametrize("fold", [True, False])
+def test_backward_sends_the_gradient_the_forward_sent(stage_gpus: tuple[int, int],
+                                                      stage_tp: tuple[int, int],
+                                                      fold: bool) -> None:
+    """A boundary's gradient is the size of its activation, so the backward transfer moves
+    the forward's bytes, however the two stages split the micro-batch. (It used to be sized
+    by the receiving stage's GPUs: stage_tp (1, 4) sent a quarter of the gradient back,
+    (4, 1) four times too much.)"""
+    from trainsim.workloads.lowering.lower import lower
+    from trainsim.workloads.lowering.options import LoweringOptions
+
+    model, cluster = get_model("gpt3-125m"), parse_cluster("8xV100-SXM2-32GB")
+    plan = ParallelPlan.build(model, cluster, pp=2, stage_gpus=stage_gpus, stage_tp=stage_tp,
+                              micro_batch_size=12, global_batch=24, seq_len=256)
+    program = lower(model, cluster, plan, LoweringOptions(fold=fold))
+    forward, backward = _boundary_bytes(program, "s0>1.F"), _boundary_bytes(program, "s1>0.B")
+    assert forward > 0
+    assert backward == pytest.approx(forward)

@@ -703,6 +703,16 @@ class LoweringLayout:
                 size += side / div
         return size
 
+    def replica_batch_ratio(self, src_s: int, dst_s: int, j: int) -> float:
+        """Samples one GPU of physical stage `src_s` holds per sample one GPU of `dst_s`
+        holds, for micro-batch `j` (1 unless `stage_gpus` gives the stages different dp):
+        `boundary_bytes` sizes a boundary by the stage before it, so a backward send's
+        gradient, held by the stage after it, is that size times this."""
+        if self.plan.stage_gpus is None:
+            return 1.0
+        b = self.micro_batches[j].batch_size
+        return self.plan.replica_batch(src_s, b) / self.plan.replica_batch(dst_s, b)
+
     def p2p_pairs(self, src_s: int, dst_s: int, size: float, j: int
                   ) -> tuple[list[tuple[int, int]], float]:
         """(src, dst) GPU pairs of a stage-boundary transfer and the bytes of each.

@@ -893,6 +893,8 @@ class _Lowering:
         else:
             return None
         src_s, dst_s = layout.phys_stage(k), layout.phys_stage(dst)
+        if direction == "B":  # the gradient as one GPU of the sending stage holds it
+            size *= layout.replica_batch_ratio(src_s, dst_s, j)
         if src_s == dst_s or not self.opt.communication or size <= 0:
             return _Send(dst=dst, direction=direction, local=True, per_unit=[])
         pairs, size = layout.p2p_pairs(src_s, dst_s, size, j)
