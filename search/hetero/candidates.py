@@ -89,15 +89,40 @@ class Layout:
                 for d in range(len(self.types[0]))]
 
 
+def _range_max(values: np.ndarray) -> np.ndarray:
+    """m[i, j] = max(values[i:j]) for i < j (0 elsewhere)."""
+    n = len(values)
+    out = np.zeros((n + 1, n + 1))
+    for i in range(n):
+        out[i, i + 1:] = np.maximum.accumulate(values[i:])
+    return out
+
+
+def held_micro_batches(schedule: str, pp: int, m: int) -> tuple[list[int], list[int]]:
+    """Per stage at its memory peak: micro-batches holding their activations, and how many of
+    them also hold the backward's working set (recomputed activations, allocated at I or B
+    and freed with the activations). 1F1B: p - s and 1. ZB-H1 holds p on every rank until
+    their W (simulator/schedules.py `zb_h1`), and rank s starts its W passes after s + 1 I
+    passes, so s + 1 working sets."""
+    if schedule.startswith("zb"):
+        return [min(m, pp)] * pp, [min(m, s + 1) for s in range(pp)]
+    return [min(m, pp - s) for s in range(pp)], [1] * pp
+
+
 def _fits(costs: list[BlockCosts], caps: list[float], inflight: list[int],
-          static_scale: float = 1.0) -> list[np.ndarray]:
+          static_scale: float = 1.0, working_sets: list[int] | None = None
+          ) -> list[np.ndarray]:
     """Per stage: fits[k][i, j] when blocks i..j-1 fit stage k's memory (estimate);
-    `static_scale`: the share of the blocks' weight, gradient and optimizer bytes a GPU keeps
-    (below 1 under a distributed optimizer)."""
+    `inflight`: micro-batches whose activations a stage holds at its peak; `working_sets`:
+    how many of them also hold the backward's working set (recomputed activations), 1 when
+    None; `static_scale`: the share of the blocks' weight, gradient and optimizer bytes a GPU
+    keeps (below 1 under a distributed optimizer)."""
     out = []
-    for c, cap, q in zip(costs, caps, inflight):
+    sets = working_sets or [1] * len(costs)
+    for c, cap, q, w in zip(costs, caps, inflight, sets):
         ps, pk = c.sums["static"] * static_scale, c.sums["kept"]
-        need = (ps[None, :] - ps[:, None]) + q * (pk[None, :] - pk[:, None]) + c.extra_bytes.max()
+        need = (ps[None, :] - ps[:, None]) + q * (pk[None, :] - pk[:, None]) \
+            + w * _range_max(c.extra_bytes)
         out.append(need <= cap)
     return out
 
@@ -162,15 +187,13 @@ class CandidateBuilder:
         elif mode == "fasop":
             partitions.append((minmax_partition(prefix, L), "min-max"))
         else:
-            # ZB-H1 holds p micro-batches on every rank until their W (simulator/schedules.py
-            # zb_h1), not 1F1B's p - s
             zb = deg.schedule.startswith("zb")
-            inflight = [min(m, pp if zb else pp - s) for s in range(pp)]
+            inflight, working = held_micro_batches(deg.schedule, pp, m)
             caps = [min(self.memory[t] for t in set(lay.types[s])) for s in range(pp)]
             key = (tuple(stage_type), tuple(caps), deg.tp, mbs, deg.recompute, m, zb, scale)
             if key not in self._partitions:  # other orders giving the stages the same types
-                self._partitions[key] = exact_partition(prefix, L, m,
-                                                        _fits(costs, caps, inflight, scale))
+                self._partitions[key] = exact_partition(
+                    prefix, L, m, _fits(costs, caps, inflight, scale, working))
             exact = self._partitions[key]
             if exact is not None:
                 partitions.append((exact, "exact"))
