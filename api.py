@@ -117,6 +117,7 @@ __all__ = [
     "search_files",
     "search_options",
     "simulate",
+    "stack_model",
     "sweep",
     "sweep_report",
     "validate",
@@ -252,6 +253,18 @@ def save_plan(plan: ParallelPlan, path: str | Path, *, model: str, cluster: str,
 def read_plan(path: str | Path) -> PlanFile:
     """A saved plan file's fields and run (model, cluster, version; None where absent)."""
     return read_plan_file(path)
+
+
+def stack_model(model: str | ModelSpec, framework: str | None = None,
+                attention: str | None = None) -> ModelSpec:
+    """`model` (a name, file or spec) as `framework` trains it, `attention` overriding its
+    kernel: the model `simulate`, `search` and `microbatch` plan, whose Oracle (or planner)
+    given the same `framework` fills every plan with that stack's defaults.
+
+    Raises:
+        UnknownNameError: an unknown framework, one line listing the profiles.
+    """
+    return apply_framework(load_model(model), framework, attention)
 
 
 def make_plan(model: ModelSpec, cluster: Cluster,
@@ -413,7 +426,7 @@ def simulate(model: str | ModelSpec, cluster: str | Cluster,
     """
     check_engine(engine)
     cost = cost_model_for(cluster, profile)
-    spec = apply_framework(load_model(model), framework, attention)
+    spec = stack_model(model, framework, attention)
     hw = load_cluster(cluster, profile=cost)
     check_profile_matches(cost, hw)
     checked = make_plan(spec, hw, plan, framework=framework, attention=attention, **overrides)
@@ -537,7 +550,7 @@ def search(model: str | ModelSpec, cluster: str | Cluster, *, global_batch: int,
             candidate (`FrameworkProfile.plan_defaults`); None: the model as it is.
     """
     planner = get_planner(method)
-    spec = apply_framework(load_model(model), framework)
+    spec = stack_model(model, framework)
     file_profile = profile if profile is not None and Path(profile).is_file() else None
     hw = with_prices(load_cluster(cluster, profile=file_profile), prices or {})
     request = SearchSpec(model=spec, cluster=hw, global_batch=global_batch,
@@ -631,8 +644,9 @@ def microbatch(model: str | ModelSpec, cluster: str | Cluster, dataset: LengthDa
                max_len: int | None = None, max_target_len: int | None = None,
                on_long: str = "truncate", methods: Sequence[str] = MICROBATCH_METHODS,
                packing_attention: str | None = None, seed: int = 0,
-               on_iteration: Callable[[str, int], None] | None = None, zero: int = 0,
-               attention: str | None = None
+               on_iteration: Callable[[str, int], None] | None = None,
+               zero: int | None = None, attention: str | None = None,
+               framework: str | None = None
                ) -> tuple[list[MethodResult], MicroBatchPlanner]:
     """Compare micro-batching methods (search/microbatch/planner.py) on `iterations` global
     batches of `tokens_per_batch` tokens drawn from `dataset`, each replayed on the engine.
@@ -642,8 +656,11 @@ def microbatch(model: str | ModelSpec, cluster: str | Cluster, dataset: LengthDa
     reads an (input, target) pair as one sequence of both lengths, as instruction tuning does.
 
     `attention` ("eager" or "flash") is the kernel every method runs, so they are compared on
-    one kernel (None: the model's); `packing_attention` overrides it for packing alone."""
-    spec, hw = apply_framework(load_model(model), None, attention), load_cluster(cluster)
+    one kernel (None: the model's, or the framework's); `packing_attention` overrides it for
+    packing alone. `framework`: plan for that stack (workloads/data/frameworks.yaml): its
+    model, and in every plan its plan defaults where unset -- `zero` None takes its
+    distributed optimizer (ZeRO-1 with dp > 1: NeMo), else 0 -- as `search` does."""
+    spec, hw = stack_model(model, framework, attention), load_cluster(cluster)
     if spec.family not in ("gpt", "llama", "moe", "t5", "bert"):
         raise SpecError(f"sim microbatch models sequences; {spec.name} is a {spec.family} "
                         f"model (images)")
@@ -665,7 +682,7 @@ def microbatch(model: str | ModelSpec, cluster: str | Cluster, dataset: LengthDa
     planner = MicroBatchPlanner(spec, hw, dp=dp, tp=tp, pp=pp, max_len=limit,
                                 max_target_len=target_limit,
                                 packing_attention=packing_attention or spec.attention,
-                                zero=zero)
+                                zero=zero, framework=framework)
     planner.dataset = fitted
     results = [planner.run(m, batches, on_iteration) for m in methods]
     return results, planner

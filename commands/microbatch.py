@@ -6,7 +6,10 @@ with each method (packing, token budget, fixed, DynaPipe, ours), replays every i
 engine and prints per method: real tokens/s (padding excluded) and its ratio to packing,
 padding efficiency, peak memory, recompute and schedule used, and the median planning time per
 iteration. `--out PAGE.html` writes the lengths histogram, the micro-batches of the first
-iteration and the timeline of that iteration under the fastest method.
+iteration and the timeline of that iteration under the fastest method. `--framework NAME`
+plans for that stack: its model and, in every plan each method replays, its plan defaults
+(distributed optimizer, sequence parallelism, overlap), as `sim search --framework` does; the
+title and the JSON name it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from trainsim import api
 from trainsim.commands.output import check_new_file, counting_bar, dumps, print_table, user_errors
 from trainsim.search.microbatch.planner import METHODS, MethodResult
 from trainsim.simulator.result import SimResult
+from trainsim.workloads.framework import get_framework
 
 MAX_ITERATIONS = 10_000
 MAX_TOKENS_PER_BATCH = 16_000_000
@@ -55,12 +59,19 @@ def microbatch_command(
     on_long: str = typer.Option("truncate", "--on-long", help="truncate or reject samples "
                                 "longer than --max-len."),
     methods: str = typer.Option(",".join(METHODS), "--methods", help="Comma-separated methods."),
-    attention: str = typer.Option("eager", "--attention", help="Attention kernel every "
-                                  "method runs, so all are compared on one kernel: eager "
-                                  "(DynaPipe's setting) or flash."),
+    attention: str | None = typer.Option(None, "--attention", help="Attention kernel every "
+                                         "method runs, so all are compared on one kernel: "
+                                         "eager or flash (default: --framework's kernel, "
+                                         "else eager, DynaPipe's setting)."),
     packing_attention: str | None = typer.Option(None, "--packing-attention", help="Packing's "
                                                  "kernel alone (default: --attention)."),
-    zero: int = typer.Option(0, "--zero", help="ZeRO stage 0-2 of every method."),
+    zero: int | None = typer.Option(None, "--zero", help="ZeRO stage 0-2 of every method "
+                                    "(default: --framework's distributed optimizer, else 0)."),
+    framework: str | None = typer.Option(None, "--framework", help="Plan for this stack: "
+                                         "the model as it trains it and its plan defaults "
+                                         "(distributed optimizer, sequence parallelism, "
+                                         "overlap) in every plan; one of workloads/data/"
+                                         "frameworks.yaml's profiles."),
     seed: int = typer.Option(0, "--seed", help="Seed of the synthetic lengths and shuffling."),
     out: Path | None = typer.Option(None, "--out", help="HTML page to write."),
     force: bool = typer.Option(False, "--force", help="Overwrite --out."),
@@ -92,8 +103,12 @@ def microbatch_command(
     for name, kernel in (("--attention", attention), ("--packing-attention", packing_attention)):
         if kernel is not None and kernel not in ("eager", "flash"):
             raise typer.BadParameter("must be eager or flash", param_hint=name)
-    if not 0 <= zero <= 2:
+    if zero is not None and not 0 <= zero <= 2:
         raise typer.BadParameter("must be 0, 1 or 2", param_hint="--zero")
+    # an unknown name: one line listing the profiles, before any work
+    stack = None if framework is None else get_framework(framework).name
+    if stack is None and attention is None:
+        attention = "eager"  # DynaPipe's setting; a stack runs its own kernel
     check_new_file(out, force, "--out")
     dataset = api.length_dataset(lengths=lengths, column=column, target_column=target_column,
                                  synthetic=synthetic, text=text, tokenizer=tokenizer,
@@ -109,13 +124,16 @@ def microbatch_command(
             model, cluster, dataset, dp=dp, tp=tp, pp=pp, tokens_per_batch=tokens_per_batch,
             iterations=iterations, max_len=max_len, max_target_len=max_target_len,
             on_long=on_long, methods=chosen, packing_attention=packing_attention, seed=seed,
-            on_iteration=tick, attention=attention, zero=zero)
+            on_iteration=tick, attention=attention, zero=zero, framework=stack)
     rows = _rows(results)
-    title = (f"{planner.model.name} on {cluster} (dp={dp} tp={tp} pp={pp}), {dataset.name}: "
+    under = "" if stack is None else f" under {stack}"
+    title = (f"{planner.model.name} on {cluster}{under} (dp={dp} tp={tp} pp={pp}), "
+             f"{dataset.name}: "
              f"{iterations} batch{'es' if iterations != 1 else ''} of up to "
              f"{tokens_per_batch:,} tokens")
     if as_json:
-        typer.echo(dumps({"title": title, "dataset": dataset.source, "methods": rows},
+        typer.echo(dumps({"title": title, "dataset": dataset.source, "methods": rows,
+                          "framework": stack},
                          sort_keys=True))
     else:
         print_table(title, list(rows[0]), [list(r.values()) for r in rows])

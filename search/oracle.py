@@ -237,16 +237,22 @@ class Oracle:
         self._cache = {}
         self._lowering = LoweringCache()
 
+    def plan_fields(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """`fields` with the framework's plan defaults where they leave a field unset (as given
+        without one): what `plan` builds, and what a planner that builds its plans itself
+        (`search.microbatch.planner`) asks once, so its plans run as this stack's too."""
+        out = dict(fields)
+        if self.framework is not None:
+            out.update(self.framework.plan_defaults(out, self.model.family))
+        return out
+
     def plan(self, plan: ParallelPlan | Mapping[str, Any]) -> ParallelPlan:
         """The checked ParallelPlan for `plan` (a plan, or a dict of its fields)."""
         if isinstance(plan, ParallelPlan):
             plan.check(self.model, self.cluster)
             return plan
         if isinstance(plan, Mapping):
-            fields = dict(plan)
-            if self.framework is not None:
-                fields.update(self.framework.plan_defaults(fields, self.model.family))
-            return ParallelPlan.build(self.model, self.cluster, **fields)
+            return ParallelPlan.build(self.model, self.cluster, **self.plan_fields(plan))
         raise PlanError(f"oracle: plan={plan!r} must be a ParallelPlan or a dict of its fields")
 
     def simulate(self, plan: ParallelPlan | Mapping[str, Any]) -> SimResult:

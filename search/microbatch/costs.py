@@ -57,8 +57,10 @@ class MicroBatchCosts:
     def __init__(self, model: ModelSpec, gpu: GpuSpec, *, tp: int = 1, pp: int = 1,
                  recompute: str = "none", dtype: str | None = None, max_len: int,
                  max_target_len: int = 0, cost_model: OpCostModel | None = None,
-                 max_batch: int = 1024, zero: int = 0, dp: int = 1) -> None:
+                 max_batch: int = 1024, zero: int = 0, dp: int = 1, sp: bool = False) -> None:
         self.model, self.gpu, self.tp, self.pp, self.recompute = model, gpu, tp, pp, recompute
+        self.sp = sp
+        """Sequence parallelism (tp > 1): the activations the plans keep, as the lowering."""
         self.dtype = dtype or ("bf16" if model.dtype == "bf16" else "fp16")
         self.cost_model = cost_model or RooflineCostModel()
         self.encoder_decoder = model.family == "t5"
@@ -96,7 +98,7 @@ class MicroBatchCosts:
         stages = partition_layers(graph, self.counts)
         best, kept, extra = 0.0, 0.0, 0.0
         for k, idx in enumerate(stages):
-            c = instruction_costs([graph.layers[i] for i in idx], tp=self.tp, sp=False, ep=1,
+            c = instruction_costs([graph.layers[i] for i in idx], tp=self.tp, sp=self.sp, ep=1,
                                   recompute=self.recompute, cost_model=self.cost_model,
                                   gpu=self.gpu, freq_mhz=None, dtype=self.dtype)
             best = max(best, c.forward.time_s + c.backward.time_s + c.recompute.time_s)

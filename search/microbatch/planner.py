@@ -123,25 +123,34 @@ class MicroBatchPlanner:
 
     def __init__(self, model: ModelSpec, cluster: Cluster, *, dp: int, tp: int = 1, pp: int = 1,
                  max_len: int, max_target_len: int = 0, packing_attention: str = "eager",
-                 memory_limit_bytes: float | None = None, zero: int = 0) -> None:
+                 memory_limit_bytes: float | None = None, zero: int | None = None,
+                 framework: str | None = None) -> None:
+        """`framework`: plan for that stack (give the model as it trains it,
+        `apply_framework`): every plan gets its plan defaults where the planner leaves a field
+        unset -- `zero` when None (its distributed optimizer), sequence parallelism, overlap --
+        as an Oracle given it fills a search's candidates. `zero` None without one: 0."""
         if dp * tp * pp != cluster.num_gpus:
             raise SpecError(f"dp×tp×pp = {dp}×{tp}×{pp} = {dp * tp * pp} but the cluster has "
                             f"{cluster.num_gpus} GPUs")
         self.model, self.cluster = model, cluster
         self.dp, self.tp, self.pp = dp, tp, pp
-        if zero not in (0, 1, 2):
-            raise SpecError(f"zero={zero!r}: micro-batching runs replicas on different "
-                            f"micro-batches, so ZeRO 0, 1 or 2 (stage 3 gathers in lockstep)")
-        self.zero = zero
         self.max_len, self.max_target = max_len, max_target_len
         self.packed_model = dataclasses.replace(model, attention=packing_attention)
+        self._oracles = {"model": Oracle(model, cluster, framework=framework),
+                         "packed": Oracle(self.packed_model, cluster, framework=framework)}
+        self.plan_fields = self._oracles["model"].plan_fields(
+            {"dp": dp, "tp": tp, "pp": pp, "zero": zero})
+        """The fields every plan shares: the degrees, ZeRO and the stack's defaults."""
+        self.zero = self.plan_fields["zero"] = self.plan_fields["zero"] or 0
+        if self.zero not in (0, 1, 2):
+            raise SpecError(f"zero={self.zero!r}: micro-batching runs replicas on different "
+                            f"micro-batches, so ZeRO 0, 1 or 2 (stage 3 gathers in lockstep)")
+        self.sp = bool(self.plan_fields.get("sp"))
         gpu = cluster.gpu(0)
         self.gpu = gpu
         self.capacity = float(gpu.memory_bytes) if memory_limit_bytes is None \
             else min(float(gpu.memory_bytes), memory_limit_bytes)
         self._costs: dict[tuple[str, str], MicroBatchCosts] = {}
-        self._oracles = {"model": Oracle(model, cluster),
-                         "packed": Oracle(self.packed_model, cluster)}
         self._settings: dict[str, Any] = {}
         self.dataset: LengthDataset | None = None
         """The lengths the batches were drawn from, as the model reads them (set by the
@@ -153,7 +162,7 @@ class MicroBatchPlanner:
             self._costs[key] = MicroBatchCosts(
                 self.packed_model if packed else self.model, self.gpu, tp=self.tp, pp=self.pp,
                 recompute=recompute, max_len=self.max_len, max_target_len=self.max_target,
-                max_batch=256, zero=self.zero, dp=self.dp)
+                max_batch=256, zero=self.zero, dp=self.dp, sp=self.sp)
         return self._costs[key]
 
     def oracle(self, method: str) -> Oracle:
@@ -311,8 +320,7 @@ class MicroBatchPlanner:
 
     def _plan(self, b: Batching, recompute: str, schedule: str) -> ParallelPlan | None:
         fields: dict[str, Any] = {
-            "dp": self.dp, "tp": self.tp, "pp": self.pp, "recompute": recompute,
-            "zero": self.zero,
+            **self.plan_fields, "recompute": recompute,
             "replica_micro_batches": [list(ms) for ms in b.replicas], "schedule": schedule}
         if schedule == "interleaved":
             if self.pp < 2 or any(len(ms) % self.pp for ms in b.replicas):
