@@ -9,9 +9,13 @@ ranks micro-batchings with them; every plan it keeps is replayed by the engine o
 shapes.
 
 Per micro-batch it gives the bottleneck stage's compute time (forward + backward + recompute,
-uniform layer split over `pp` stages) and the activation bytes the first stage keeps per
-in-flight micro-batch (the stage that holds the most under 1F1B), plus the model states of the
-fullest stage.
+uniform layer split over `pp` stages), the activation bytes the first stage keeps per
+in-flight micro-batch (it holds the most micro-batches under 1F1B: pp), and what the stage
+that needs the most activation memory needs beyond pp of those (`extra_bytes`: the backward's
+transient, and where a later stage keeps more per micro-batch -- the last one holds the LM
+head's logits and the loss's workspace -- its excess), plus the model states of the fullest
+stage. So pp x kept + extra is the most activation memory any stage needs with the
+micro-batch in every in-flight slot of 1F1B.
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ class Figures:
     kept_bytes: float
     """Activation bytes stage 0 keeps until the micro-batch's backward."""
     extra_bytes: float
-    """Transient bytes of the backward (recompute's materialised layer)."""
+    """Bytes beyond pp x `kept_bytes` the neediest stage needs under 1F1B (stage k holds
+    pp - k micro-batches and its backward's transient: recompute's materialised layer, the
+    loss workspace): max over k of (pp - k) kept_k + extra_k, less pp kept_0."""
 
 
 class MicroBatchCosts:
@@ -96,15 +102,17 @@ class MicroBatchCosts:
             model = dataclasses.replace(model, decoder_seq_len=max(int(t), 1))
         graph = build_graph(model, int(b), int(s))
         stages = partition_layers(graph, self.counts)
-        best, kept, extra = 0.0, 0.0, 0.0
+        best, kept, need = 0.0, 0.0, 0.0
+        pp = len(stages)
         for k, idx in enumerate(stages):
             c = instruction_costs([graph.layers[i] for i in idx], tp=self.tp, sp=self.sp, ep=1,
                                   recompute=self.recompute, cost_model=self.cost_model,
                                   gpu=self.gpu, freq_mhz=None, dtype=self.dtype)
             best = max(best, c.forward.time_s + c.backward.time_s + c.recompute.time_s)
             if k == 0:
-                kept, extra = c.kept_activation_bytes, c.recompute_activation_bytes
-        return Figures(time_s=best, kept_bytes=kept, extra_bytes=extra)
+                kept = c.kept_activation_bytes
+            need = max(need, (pp - k) * c.kept_activation_bytes + c.recompute_activation_bytes)
+        return Figures(time_s=best, kept_bytes=kept, extra_bytes=need - pp * kept)
 
     # ------------------------------------------------------------------ interpolated
     def _table(self) -> dict[str, np.ndarray]:
@@ -176,7 +184,7 @@ class MicroBatchCosts:
         return self._interp("kept", b, s, t)
 
     def extra(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None) -> np.ndarray:
-        """Interpolated transient backward bytes per micro-batch."""
+        """Interpolated bytes beyond pp x kept the neediest stage needs (`Figures`)."""
         return self._interp("extra", b, s, t)
 
 

@@ -145,6 +145,27 @@ def test_replayed_iterations_stay_within_memory(model: str) -> None:
             assert it.fits and it.peak_bytes <= limit, (method, it.peak_bytes)
 
 
+@pytest.mark.parametrize(("framework", "limit"), [(None, 2.0e9), ("torchtitan", 2.0e9),
+                                                  ("torchtitan", 2.5e9)])
+def test_the_last_stage_is_sized_too(framework: str | None, limit: float) -> None:
+    """The last pipeline stage holds one micro-batch in flight but also the LM head's logits
+    and the loss's workspace (fp32 under torchtitan's eager loss), so under a tight limit it
+    can need more than the first stage's pp micro-batches: the planner sizes every stage
+    (`MicroBatchCosts` extra bytes). It used to size the first only, and at these limits
+    every method's replay ran out of memory (GPT-3 125M, pp 2: peaks 2.0-4.0 GB)."""
+    from trainsim.workloads.framework import apply_framework
+
+    model = apply_framework(get_model("gpt3-125m"), framework, None)
+    planner = MicroBatchPlanner(model, parse_cluster("4xA100-SXM4-40GB"), dp=2, pp=2,
+                                max_len=1024, memory_limit_bytes=limit, framework=framework)
+    batch = [Sample(n, 0) for n in (1000, 800, 600, 400, 300, 200, 120, 60) * 4]
+    for method in ("fixed", "ours"):
+        result = planner.run(method, [batch])
+        assert result.error is None, (method, result.error)
+        for it in result.iterations:
+            assert it.fits and it.peak_bytes <= limit, (method, it.peak_bytes)
+
+
 def test_one_length_splits_like_fixed_micro_batches() -> None:
     planner = MicroBatchPlanner(GPT, parse_cluster("4xA100-SXM4-40GB"), dp=2, pp=2,
                                 max_len=512)
