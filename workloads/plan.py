@@ -154,7 +154,8 @@ class ParallelPlan:
     stage_layers: tuple[int, ...] | None = None
     """Transformer layers per (virtual) stage, first to last; uniform when None."""
     stage_tp: tuple[int, ...] | None = None
-    """Per-stage tensor-parallel degree (each stage keeps dp·tp GPUs; its dp is dp·tp/stage_tp)."""
+    """Per-stage tensor-parallel degree (each stage keeps dp·tp GPUs; its dp is dp·tp/stage_tp,
+    and its replicas share the dp replicas' micro-batches: `replica_batch`)."""
     stage_gpus: tuple[int, ...] | None = None
     """GPUs of each physical stage (Aceso-style plans: stages of 1/2/4/8 GPUs, each with its own
     tp and dp). When set, `dp` must be 1, stage s runs tp = `tp_of_stage(s)` and
@@ -513,6 +514,19 @@ class ParallelPlan:
                     raise PlanError(f"plan.micro_batch_size={self.micro_batch_size} must be "
                                     f"divisible by stage {s}'s dp={dp} (stage_gpus[{s}]="
                                     f"{gpus[s]} / tp={t})")
+        elif self.stage_tp is not None and len(self.stage_tp) == self.pp:
+            sizes = sorted({mb.batch_size for mb in self.micro_batches or ()}
+                           | {self.micro_batch_size})
+            for s, t in enumerate(self.stage_tp):
+                if t < 1 or (self.dp * self.tp) % t:
+                    continue  # _check_gpus names it
+                dp = self.dp * self.tp // t
+                bad = [b for b in sizes if (b * self.dp) % dp]
+                if bad:
+                    raise PlanError(f"plan.stage_tp[{s}]={t}: stage {s} runs dp={dp} replicas, "
+                                    f"which must split the dp={self.dp} replicas' "
+                                    f"{bad[0]}-sample micro-batches evenly ({bad[0] * self.dp} "
+                                    f"samples)")
         if self.stage_recompute is not None:
             for s, rc in enumerate(self.stage_recompute):
                 if isinstance(rc, str) and rc not in RECOMPUTE_POLICIES:
@@ -547,12 +561,23 @@ class ParallelPlan:
             return self.stage_recompute[stage]
         return self.recompute
 
+    @property
+    def has_stage_degrees(self) -> bool:
+        """Whether stages may differ in dp (`stage_gpus` or `stage_tp`), so a pipeline
+        micro-batch is split over each stage's own replicas (`replica_batch`)."""
+        return self.stage_gpus is not None or self.stage_tp is not None
+
     def replica_batch(self, stage: int, batch_size: int) -> int:
         """Samples one data-parallel replica of `stage` runs per micro-batch of `batch_size`:
-        the micro-batch itself, or with `stage_gpus` its share over the stage's dp."""
-        if self.stage_gpus is None:
-            return batch_size
-        return max(1, batch_size // self.dp_of_stage(stage))
+        the micro-batch itself; with `stage_gpus` (where `batch_size` is the pipeline's
+        micro-batch) its share over the stage's dp; with `stage_tp` alone the plan's dp
+        replicas' micro-batches together (batch_size x dp) shared over the stage's dp, so every
+        stage runs the same samples whatever its tp."""
+        if self.stage_gpus is not None:
+            return max(1, batch_size // self.dp_of_stage(stage))
+        if self.stage_tp is not None:
+            return max(1, batch_size * self.dp // self.dp_of_stage(stage))
+        return batch_size
 
     def replica_micro_batch_counts(self) -> tuple[int, ...]:
         """Micro-batches each data-parallel replica runs per iteration: its `dp_batch_split`

@@ -705,10 +705,10 @@ class LoweringLayout:
 
     def replica_batch_ratio(self, src_s: int, dst_s: int, j: int) -> float:
         """Samples one GPU of physical stage `src_s` holds per sample one GPU of `dst_s`
-        holds, for micro-batch `j` (1 unless `stage_gpus` gives the stages different dp):
-        `boundary_bytes` sizes a boundary by the stage before it, so a backward send's
-        gradient, held by the stage after it, is that size times this."""
-        if self.plan.stage_gpus is None:
+        holds, for micro-batch `j` (1 unless `stage_gpus` or `stage_tp` give the stages
+        different dp): `boundary_bytes` sizes a boundary by the stage before it, so a backward
+        send's gradient, held by the stage after it, is that size times this."""
+        if not self.plan.has_stage_degrees:
             return 1.0
         b = self.micro_batches[j].batch_size
         return self.plan.replica_batch(src_s, b) / self.plan.replica_batch(dst_s, b)
@@ -717,15 +717,16 @@ class LoweringLayout:
                   ) -> tuple[list[tuple[int, int]], float]:
         """(src, dst) GPU pairs of a stage-boundary transfer and the bytes of each.
 
-        Equal stages pair GPU i with GPU i (Megatron). Stages of different sizes (`stage_gpus`)
-        pair the n = max(|src|, |dst|) slots round-robin; each pair carries the smaller of
+        Equal stages of one degree pair GPU i with GPU i (Megatron). Stages of different
+        sizes or degrees (`stage_gpus`, `stage_tp`) pair the n = max(|src|, |dst|) slots
+        round-robin; each pair carries the smaller of
         what a source GPU holds and what a destination GPU needs, per slot: `size` (one source
         GPU's boundary tensor) × |src| / n, and the same tensor at the destination's replica
         batch × |dst| / n. This reshards data-parallel splits exactly (1 GPU → 4 GPUs sends four
         quarters) and counts a tensor-parallel group's replicated activations once per GPU.
         """
         src, dst = self.stage_gpu_ranks[src_s], self.stage_gpu_ranks[dst_s]
-        if len(src) == len(dst) and self.plan.stage_gpus is None:
+        if len(src) == len(dst) and not self.plan.has_stage_degrees:
             return list(zip(src, dst)), size
         n = max(len(src), len(dst))
         pairs = [(src[i * len(src) // n], dst[i * len(dst) // n]) for i in range(n)]
