@@ -545,12 +545,16 @@ class LoweringLayout:
     def holds_embedding(self, phys: int) -> bool:
         """Whether physical stage `phys` runs the word embedding (in any of its chunks): a tied
         LM head there reads it, and no copy is kept (a V-shaped schedule's last chunk sits on
-        the first stage); gradient_sync.py `tied_sync` decides the same way."""
+        the first stage); gradient_sync.py `tied_sync` decides the same way. An embedding
+        layer that reuses another's table (T5's decoder embedding) does not hold it: it is
+        the owner when its parameters cover the tied weight, as `op_work.shared_params`
+        counts it."""
         found = self._holds_embedding.get(phys)
         if found is None:
             graph = self.graph(self.micro_batches[0])
+            tied = max((la.shared_params for la in graph.layers), default=0)
             found = self._holds_embedding[phys] = any(
-                graph.layers[i].kind == "embedding"
+                graph.layers[i].kind == "embedding" and graph.layers[i].params >= tied
                 for k in self.stage_layers_idx(phys) for i in self.stage_layers[k])
         return found
 
@@ -693,7 +697,7 @@ class LoweringLayout:
         the last layer's output, plus the encoder output when layers after the boundary
         still read it (T5 cross attention; Megatron-LM sends both through its pipeline)."""
         size = self.costs(k, key, None).output_bytes
-        layers = self.graphs[key].layers
+        layers = self.stage_graph(self.phys_stage(k), key).layers  # one replica's share
         cut = self.stage_layers[k][-1] + 1
         side = max((la.side_input_bytes for la in layers[cut:]), default=0.0)
         if side > 0:
