@@ -10,12 +10,15 @@ shapes.
 
 Per micro-batch it gives the bottleneck stage's compute time (forward + backward + recompute,
 uniform layer split over `pp` stages), the activation bytes the first stage keeps per
-in-flight micro-batch (it holds the most micro-batches under 1F1B: pp), and what the stage
-that needs the most activation memory needs beyond pp of those (`extra_bytes`: the backward's
-transient, and where a later stage keeps more per micro-batch -- the last one holds the LM
-head's logits and the loss's workspace -- its excess), plus the model states of the fullest
-stage. So pp x kept + extra is the most activation memory any stage needs with the
-micro-batch in every in-flight slot of 1F1B.
+in-flight micro-batch (it holds the most micro-batches under 1F1B: pp), and `extra_bytes`:
+what a GPU needs beyond the fullest stage's model states and pp of those, with the micro-batch
+in every in-flight slot of 1F1B -- the backward's transient, and where a later stage needs
+more (the last one holds one micro-batch but the LM head's logits and the loss's workspace;
+an encoder-decoder's decoder stages keep what a long target makes) its excess. So
+static + pp x kept + extra is the most memory any stage needs for a run of such micro-batches.
+Per stage (`stage_figures`, `stage_static`), what each stage keeps and needs transiently, for
+micro-batches of different shapes whose needs peak on different stages (T5: a long input on
+the encoder's, a long target on the decoder's).
 """
 
 from __future__ import annotations
@@ -52,9 +55,15 @@ class Figures:
     kept_bytes: float
     """Activation bytes stage 0 keeps until the micro-batch's backward."""
     extra_bytes: float
-    """Bytes beyond pp x `kept_bytes` the neediest stage needs under 1F1B (stage k holds
-    pp - k micro-batches and its backward's transient: recompute's materialised layer, the
-    loss workspace): max over k of (pp - k) kept_k + extra_k, less pp kept_0."""
+    """Bytes beyond the fullest stage's model states and pp x `kept_bytes` the neediest stage
+    needs under 1F1B (stage k holds pp - k micro-batches and its backward's transient:
+    recompute's materialised layer, the loss workspace): max over k of (pp - k) kept_k +
+    extra_k + static_k, less pp kept_0 and the largest static_k (may be negative where the
+    fullest stage is not the neediest)."""
+    stage_kept: tuple[float, ...] = ()
+    """Activation bytes each stage keeps until the micro-batch's backward."""
+    stage_extra: tuple[float, ...] = ()
+    """Each stage's backward transient for the micro-batch."""
 
 
 class MicroBatchCosts:
@@ -87,12 +96,14 @@ class MicroBatchCosts:
         graph = build_graph(model, 1, PAD) if not self.encoder_decoder else \
             build_graph(dataclasses.replace(model, decoder_seq_len=PAD), 1, PAD)
         stages = partition_layers(graph, self.counts)
-        self.static_bytes = max(
+        self.stage_static = np.array([
             instruction_costs([graph.layers[i] for i in idx], tp=tp, sp=False, ep=1,
                               recompute="none", cost_model=self.cost_model, gpu=gpu,
                               freq_mhz=None, dtype=self.dtype).params * (w + g + o)
-            for idx in stages)
-        """Weights, gradients and Adam states of the fullest stage (ZeRO-1/2: sharded)."""
+            for idx in stages])
+        """Weights, gradients and Adam states of each stage (ZeRO-1/2: sharded)."""
+        self.static_bytes = float(self.stage_static.max())
+        """Those of the fullest stage."""
 
     # ------------------------------------------------------------------ exact
     def exact(self, b: int, s: int, t: int = 0) -> Figures:
@@ -102,17 +113,20 @@ class MicroBatchCosts:
             model = dataclasses.replace(model, decoder_seq_len=max(int(t), 1))
         graph = build_graph(model, int(b), int(s))
         stages = partition_layers(graph, self.counts)
-        best, kept, need = 0.0, 0.0, 0.0
-        pp = len(stages)
-        for k, idx in enumerate(stages):
+        best = 0.0
+        kept, extra = [], []
+        for idx in stages:
             c = instruction_costs([graph.layers[i] for i in idx], tp=self.tp, sp=self.sp, ep=1,
                                   recompute=self.recompute, cost_model=self.cost_model,
                                   gpu=self.gpu, freq_mhz=None, dtype=self.dtype)
             best = max(best, c.forward.time_s + c.backward.time_s + c.recompute.time_s)
-            if k == 0:
-                kept = c.kept_activation_bytes
-            need = max(need, (pp - k) * c.kept_activation_bytes + c.recompute_activation_bytes)
-        return Figures(time_s=best, kept_bytes=kept, extra_bytes=need - pp * kept)
+            kept.append(c.kept_activation_bytes)
+            extra.append(c.recompute_activation_bytes)
+        pp = len(stages)
+        need = max((pp - k) * kept[k] + extra[k] + self.stage_static[k] for k in range(pp))
+        return Figures(time_s=best, kept_bytes=kept[0],
+                       extra_bytes=float(need - pp * kept[0] - self.static_bytes),
+                       stage_kept=tuple(kept), stage_extra=tuple(extra))
 
     # ------------------------------------------------------------------ interpolated
     def _table(self) -> dict[str, np.ndarray]:
@@ -120,6 +134,8 @@ class MicroBatchCosts:
             t0 = time.perf_counter()
             shape = (len(self.b_grid), len(self.s_grid), len(self.t_grid))
             table = {k: np.zeros(shape) for k in ("time", "kept", "extra")}
+            for k in range(self.pp):
+                table[f"kept{k}"], table[f"extra{k}"] = np.zeros(shape), np.zeros(shape)
             for i, b in enumerate(self.b_grid):
                 for j, s in enumerate(self.s_grid):
                     for k, t in enumerate(self.t_grid):
@@ -127,6 +143,9 @@ class MicroBatchCosts:
                         table["time"][i, j, k] = f.time_s / b
                         table["kept"][i, j, k] = f.kept_bytes / b
                         table["extra"][i, j, k] = f.extra_bytes / b
+                        for q, (kq, eq) in enumerate(zip(f.stage_kept, f.stage_extra)):
+                            table[f"kept{q}"][i, j, k] = kq / b
+                            table[f"extra{q}"][i, j, k] = eq / b
             self._grid = table
             self.build_s += time.perf_counter() - t0
         return self._grid
@@ -175,6 +194,14 @@ class MicroBatchCosts:
         time_s, kept, extra = self._interp_many(("time", "kept", "extra"), b, s, t)
         return time_s, kept, extra
 
+    def stage_figures(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Interpolated (kept, transient) bytes of each stage for micro-batches, arrays of
+        shape (pp, micro-batches)."""
+        names = tuple(f"{w}{k}" for w in ("kept", "extra") for k in range(self.pp))
+        out = self._interp_many(names, b, s, t)
+        return np.array(out[:self.pp]), np.array(out[self.pp:])
+
     def time(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None) -> np.ndarray:
         """Interpolated bottleneck-stage time of micro-batches (b samples, length s, target t)."""
         return self._interp("time", b, s, t)
@@ -184,7 +211,8 @@ class MicroBatchCosts:
         return self._interp("kept", b, s, t)
 
     def extra(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None) -> np.ndarray:
-        """Interpolated bytes beyond pp x kept the neediest stage needs (`Figures`)."""
+        """Interpolated bytes beyond the fullest stage's model states and pp x kept that the
+        neediest stage needs (`Figures.extra_bytes`)."""
         return self._interp("extra", b, s, t)
 
 

@@ -2,8 +2,8 @@
 
 For each global batch of variable-length samples, a method forms micro-batches per
 data-parallel replica (batching.py); the planner then picks the recompute policy (none, then
-selective, then full: the first under which every micro-batch's activations fit the memory
-left after the model states, 1F1B keeping `pp` in flight on stage 0) and replays the
+selective, then full: the first under which every stage fits its model states and its
+micro-batches' activations, 1F1B keeping pp - k in flight on stage k) and replays the
 iteration on the engine under each schedule the method may use, keeping the fastest that does
 not run out of memory. Methods:
 
@@ -118,6 +118,14 @@ class MethodResult:
         return out
 
 
+def _heaviest_run(values: np.ndarray, length: int) -> float:
+    """The largest sum of `length` consecutive `values` (all of them when fewer)."""
+    if len(values) <= length:
+        return float(values.sum())
+    c = np.concatenate(([0.0], np.cumsum(values)))
+    return float(np.max(c[length:] - c[:-length]))
+
+
 class MicroBatchPlanner:
     """Runs the methods on one model, cluster and (dp, tp, pp)."""
 
@@ -178,13 +186,23 @@ class MicroBatchPlanner:
 
     # ------------------------------------------------------------------ batching
     def _fits(self, b: Batching, recompute: str, packed: bool) -> bool:
+        """Whether every stage k of every replica fits its model states, the activations of
+        the pp - k consecutive micro-batches 1F1B keeps in flight there (the heaviest such
+        run of the replica's micro-batches, in order) and the largest backward transient.
+        Per stage, since micro-batches of different shapes peak on different stages (a T5's
+        long input on the encoder's, a long target on the decoder's)."""
         c = self.costs(recompute, packed)
-        shapes = np.array([(m.batch_size, m.seq_len, m.target_len)
-                           for ms in b.replicas for m in ms], dtype=float)
-        kept = c.kept(shapes[:, 0], shapes[:, 1], shapes[:, 2] if c.encoder_decoder else None)
-        extra = c.extra(shapes[:, 0], shapes[:, 1], shapes[:, 2] if c.encoder_decoder else None)
-        return bool(np.max(kept) * self.pp + np.max(extra) <= self.activation_budget(
-            recompute, packed))
+        need = np.array(c.stage_static, dtype=float)
+        for ms in b.replicas:
+            if not ms:
+                continue
+            shapes = np.array([(m.batch_size, m.seq_len, m.target_len) for m in ms], float)
+            kept, extra = c.stage_figures(shapes[:, 0], shapes[:, 1],
+                                          shapes[:, 2] if c.encoder_decoder else None)
+            for k in range(self.pp):
+                held = _heaviest_run(kept[k], self.pp - k) + float(extra[k].max())
+                need[k] = max(need[k], c.stage_static[k] + held)
+        return bool(need.max() <= self.capacity)
 
     def _estimate(self, b: Batching, recompute: str, packed: bool) -> float:
         c = self.costs(recompute, packed)
@@ -309,9 +327,11 @@ class MicroBatchPlanner:
         for ms in b.replicas:
             shapes = np.array([(m.batch_size, m.seq_len, m.target_len) for m in ms], float)
             t = shapes[:, 2] if c.encoder_decoder else None
-            kept.append(c.kept(shapes[:, 0], shapes[:, 1], t))
-            extra = max(extra, float(np.max(c.extra(shapes[:, 0], shapes[:, 1], t))))
-        cap = cyclic_cap(kept, self.activation_budget(recompute) - extra, self.pp)
+            stage_kept, stage_extra = c.stage_figures(shapes[:, 0], shapes[:, 1], t)
+            kept.append(stage_kept[0])
+            extra = max(extra, float(np.max(stage_extra[0])))
+        # the cap bounds stage 0's window (its own model states and backward transient)
+        cap = cyclic_cap(kept, self.capacity - float(c.stage_static[0]) - extra, self.pp)
         return [*out, "cyclic", *([f"cyclic-{cap}"] if cap is not None else [])]
 
     def _rank(self, s: Summary) -> tuple[bool, float]:

@@ -166,6 +166,31 @@ def test_the_last_stage_is_sized_too(framework: str | None, limit: float) -> Non
             assert it.fits and it.peak_bytes <= limit, (method, it.peak_bytes)
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_micro_batches_peaking_on_different_stages_are_sized_per_stage(recompute: str) -> None:
+    """T5 770M on 4 stages: a long-input micro-batch needs most on the encoder's first stage,
+    a long-target one on a decoder stage, so a mix of both peaks at neither's sum. The
+    memory check sizes every stage with its own largest micro-batch (`_fits`): it must pass
+    the mix at the replay's peak plus 1 %, and refuse it 1 % below. (Adding stage 0's need of
+    one micro-batch to a decoder stage's excess of another put the bound at 14.8 GB where the
+    replay peaks at 6.4 GB.)"""
+    from trainsim.search.microbatch.batching import Batching
+    from trainsim.workloads.plan import MicroBatch
+
+    a = MicroBatch(batch_size=4, seq_len=1024, target_len=16)
+    b = MicroBatch(batch_size=4, seq_len=16, target_len=1024)
+    mix = Batching(replicas=((a, b) * 4,), real_tokens=0, padded_tokens=0, note="mix")
+    model, hw = get_model("t5-770m"), parse_cluster("4xA100-SXM4-40GB")
+    probe = MicroBatchPlanner(model, hw, dp=1, pp=4, max_len=1024, max_target_len=1024)
+    peak = probe.oracle("ours").evaluate({
+        **probe.plan_fields, "recompute": recompute, "schedule": "1f1b",
+        "replica_micro_batches": [list(mix.replicas[0])]}).peak_memory_bytes
+    for scale, fits in ((1.01, True), (0.99, False)):
+        planner = MicroBatchPlanner(model, hw, dp=1, pp=4, max_len=1024, max_target_len=1024,
+                                    memory_limit_bytes=peak * scale)
+        assert planner._fits(mix, recompute, packed=False) is fits, (scale, peak)
+
+
 def test_one_length_splits_like_fixed_micro_batches() -> None:
     planner = MicroBatchPlanner(GPT, parse_cluster("4xA100-SXM4-40GB"), dp=2, pp=2,
                                 max_len=512)
