@@ -140,7 +140,7 @@ def zb_h1(p: int, m: int) -> Schedule:
 
     The 1F1B skeleton with every backward split into I (input grads, critical path) and W
     (weight grads): rank ``r`` runs ``w = min(p − r − 1, m)`` warm-up forwards, then pairs
-    "F j+w, I j", then the remaining I; rank ``r`` starts its W passes only after ``r`` I passes,
+    "F j+w, I j", then the remaining I; rank ``r`` starts its W passes after ``r + 1`` I passes,
     then runs one W (oldest first) after each I, and the leftover W at the end. The deferred W
     fill the tail bubble of later ranks, so with F = I = W the bubble is about (p − 1)·(F + I − W)
     instead of 1F1B's (p − 1)·(F + B), while peak activations (held until W) stay at ``p`` micro-

@@ -98,13 +98,24 @@ def _range_max(values: np.ndarray) -> np.ndarray:
     return out
 
 
+SCHEDULES = ("1f1b", "zb-h1")
+"""The pipeline schedules the candidates are sized and bounded for (canonical names)."""
+
+
+def zero_bubble(schedule: str) -> bool:
+    """Whether `schedule` (one of SCHEDULES) splits the backward into I and W passes."""
+    return schedule == "zb-h1"
+
+
 def held_micro_batches(schedule: str, pp: int, m: int) -> tuple[list[int], list[int]]:
     """Per stage at its memory peak: micro-batches holding their activations, and how many of
     them also hold the backward's working set (recomputed activations, allocated at I or B
     and freed with the activations). 1F1B: p - s and 1. ZB-H1 holds p on every rank until
     their W (simulator/schedules.py `zb_h1`), and rank s starts its W passes after s + 1 I
     passes, so s + 1 working sets."""
-    if schedule.startswith("zb"):
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule {schedule!r}: candidates are sized for {SCHEDULES}")
+    if zero_bubble(schedule):
         return [min(m, pp)] * pp, [min(m, s + 1) for s in range(pp)]
     return [min(m, pp - s) for s in range(pp)], [1] * pp
 
@@ -187,7 +198,7 @@ class CandidateBuilder:
         elif mode == "fasop":
             partitions.append((minmax_partition(prefix, L), "min-max"))
         else:
-            zb = deg.schedule.startswith("zb")
+            zb = zero_bubble(deg.schedule)
             inflight, working = held_micro_batches(deg.schedule, pp, m)
             caps = [min(self.memory[t] for t in set(lay.types[s])) for s in range(pp)]
             key = (tuple(stage_type), tuple(caps), deg.tp, mbs, deg.recompute, m, zb, scale)
@@ -256,7 +267,7 @@ class CandidateBuilder:
         per_replica = ([n // mbs for n in split] if split is not None
                        else [self.batch // (deg.dp * mbs)] * deg.dp)
         est, bound = 0.0, 0.0
-        zero_bubble = deg.schedule.startswith("zb")
+        zb = zero_bubble(deg.schedule)
         for m, t_est, t_cmp, t_w, t_f in zip(per_replica,
                                              self._replica_times(lay, deg, counts, "estimate"),
                                              self._replica_times(lay, deg, counts, "compute"),
@@ -264,10 +275,10 @@ class CandidateBuilder:
                                              self._replica_times(lay, deg, counts, "forward")):
             # 1F1B: micro-batch 0 crosses every stage, the slowest stage runs the other m-1;
             # a zero-bubble schedule takes the first crossing's W passes off that path
-            first = sum(t_est) - (sum(t_w) if zero_bubble else 0.0)
+            first = sum(t_est) - (sum(t_w) if zb else 0.0)
             est = max(est, first + (m - 1) * max(t_est))
             bound = max(bound, pipeline_bound(t_cmp, t_f, m,
-                                              full_backward_last=not zero_bubble))
+                                              full_backward_last=not zb))
         fields: dict[str, Any] = {
             "dp": deg.dp, "tp": deg.tp, "pp": deg.pp, "micro_batch_size": mbs,
             "global_batch": self.batch, "recompute": deg.recompute, "schedule": deg.schedule,

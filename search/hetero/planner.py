@@ -28,9 +28,16 @@ from dataclasses import dataclass, field
 
 from trainsim.errors import SpecError
 from trainsim.search.hetero.block_costs import BlockCostTable
-from trainsim.search.hetero.candidates import Candidate, CandidateBuilder, Degrees, Layout
+from trainsim.search.hetero.candidates import (
+    SCHEDULES,
+    Candidate,
+    CandidateBuilder,
+    Degrees,
+    Layout,
+)
 from trainsim.search.hetero.space import cyclic_orders, distinct_orders
 from trainsim.search.planner import SearchRecord, SearchState
+from trainsim.workloads.plan import normalise_schedule
 from trainsim.workloads.plan_fields import _divisors as divisors
 
 MODES = {"hetero": "exact", "fasop": "fasop", "uniform": "uniform"}
@@ -50,8 +57,10 @@ class HeteroPlanner:
     tp_degrees: tuple[int, ...] | None = None
     """Tensor-parallel degrees; the divisors of the smallest GPUs-per-node when None."""
     schedules: tuple[str, ...] | None = None
-    """Pipeline schedules; `hetero`: 1F1B and ZB-H1 (zero-bubble, Qi et al. ICLR'24: same
-    activation memory as 1F1B, W passes fill the bubbles); the others 1F1B (Megatron's)."""
+    """Pipeline schedules (of candidates.SCHEDULES); `hetero`: 1F1B and ZB-H1 (zero-bubble,
+    Qi et al. ICLR'24: W passes fill the bubbles; every stage holds p micro-batches'
+    activations, 1F1B's first stage's count, `held_micro_batches`); the others 1F1B
+    (Megatron's)."""
     recompute: tuple[str, ...] | None = None
     """Recompute policies; `hetero`: none and full; the others none."""
     refine_rounds: int = 3
@@ -77,7 +86,12 @@ class HeteroPlanner:
         heads = int(getattr(state.model, "num_heads", 0) or 0)
         ours = self.name == "hetero"
         recompute = self.recompute or (("none", "full") if ours else ("none",))
-        schedules = self.schedules or (("1f1b", "zb-h1") if ours else ("1f1b",))
+        schedules = tuple(normalise_schedule(x) for x in self.schedules or
+                          (("1f1b", "zb-h1") if ours else ("1f1b",)))
+        for x in schedules:
+            if x not in SCHEDULES:
+                raise SpecError(f"schedule {x!r}: the heterogeneous planners size and bound "
+                                f"partitions for {', '.join(SCHEDULES)}")
         out = []
         for tp in tps:
             if n % tp or (heads and heads % tp):

@@ -31,7 +31,7 @@ from trainsim.search.hetero.partition import (
 from trainsim.search.hetero.planner import HeteroPlanner
 from trainsim.search.hetero.space import cyclic_orders, distinct_orders, node_kinds
 from trainsim.search.oracle import Oracle
-from trainsim.search.planner import SearchSpec, run_search
+from trainsim.search.planner import SearchSpec, SearchState, run_search
 from trainsim.workloads.lowering.layout import stage_layout
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.zoo import get_model
@@ -362,3 +362,34 @@ def test_partition_memory_estimate_is_the_oracles_stage_peak(schedule: str,
         fits = _fits(costs, [p * tolerance for p in peaks], inflight, 1.0, working)
         assert [bool(f[starts[s], starts[s + 1]]) for s, f in enumerate(fits)] == \
             [fit] * deg.pp
+
+
+@pytest.mark.parametrize("limit_gb", [2.4, 2.5, 2.7])
+def test_zero_bubble_exact_partitions_fit_under_recompute(limit_gb: float) -> None:
+    """Through the candidate builder: under ZB-H1 with full recompute the exact partition the
+    builder proposes (if any) fits the limit on the Oracle. Sized with one working set per
+    stage, it proposed 10/10/3/1 at 2.4 GB (2.596 GB on the Oracle) and 10/10/2/2 at
+    2.5-2.7 GB (2.73 GB)."""
+    model, cluster = get_model("gpt3-350m"), parse_cluster("1x4xA100-SXM4-40GB+1x4xA10")
+    builder = CandidateBuilder(BlockCostTable(model, cluster), cluster, 32,
+                               memory_limit_bytes=limit_gb * 1e9)
+    deg = Degrees(dp=1, tp=2, pp=4, micro_batch_size=2, recompute="full", schedule="zb-h1")
+    oracle = Oracle(model, cluster)
+    for cand in builder.build(deg, cyclic_orders(cluster)[0], "exact", "test"):
+        if "exact" in cand.note:
+            assert max(oracle.evaluate(cand.fields).peak_memory_bytes_per_rank) \
+                <= limit_gb * 1e9
+
+
+def test_schedules_are_normalised_and_limited_to_the_sized_ones() -> None:
+    """`schedules` takes the plan's aliases ("ZB-H1" is zb-h1, sized as such: it used to be
+    sized as 1F1B, the test being `startswith("zb")`), and refuses in one line a schedule
+    the partitions are not sized for (GPipe holds every micro-batch)."""
+    model, cluster = get_model("gpt3-350m"), parse_cluster("1x4xA100-SXM4-40GB+1x4xA10")
+    state = SearchState(SearchSpec(model=model, cluster=cluster, global_batch=32),
+                        Oracle(model, cluster))
+    notes = {s: [c.note for c in HeteroPlanner(name="hetero", schedules=(s,)).candidates(state)]
+             for s in ("zb-h1", "ZB-H1")}
+    assert notes["ZB-H1"] == notes["zb-h1"] and notes["zb-h1"]
+    with pytest.raises(SpecError, match=r"schedule 'gpipe': the heterogeneous planners size"):
+        HeteroPlanner(name="hetero", schedules=("gpipe",)).candidates(state)
