@@ -159,6 +159,8 @@ class _Totals:
         k: [] for k in ("fwd", "bwd", "rec")})
     kept: float = 0.0
     extra: float = 0.0
+    recomputed: float = 0.0
+    """The recomputed activations alone, summed over layers (`recompute_sum_bytes`)."""
     params: dict[int, int] = field(default_factory=dict)
 
 
@@ -241,6 +243,7 @@ def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
         kept, extra = _saved(layer, k, layers_of, deg, tp, full, recompute, names, op_cache)
         tot.kept += kept
         tot.extra = max(tot.extra, extra)  # one layer recomputed at a time (see stage_costs)
+        tot.recomputed += extra
         # the loss's backward buffers, as stage_costs counts them (the stage's tp)
         tot.extra = max(tot.extra, layer.backward_workspace(tp))
     last = layers[-1]
@@ -258,7 +261,7 @@ def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
         fwd_comm=tuple(tot.comm["fwd"]), bwd_comm=tuple(tot.comm["bwd"]),
         recompute_comm=tuple(tot.comm["rec"]), kept_activation_bytes=tot.kept,
         recompute_activation_bytes=tot.extra, output_bytes=last.output_bytes,
-        params=sum(p for _, p in by_tp), params_by_tp=by_tp)
+        params=sum(p for _, p in by_tp), params_by_tp=by_tp, recompute_sum_bytes=tot.recomputed)
 
 
 def _saved(layer: Layer, k: int, layers_of: Callable[[int], Sequence[Layer]],

@@ -66,6 +66,17 @@ class InstructionCosts:
     """Bytes the stage sends to the next stage per micro-batch (per GPU)."""
     params: int
     """Parameters of the stage's layers on one GPU (tied copies included)."""
+    recompute_sum_bytes: float = 0.0
+    """The recomputed activations of all the stage's layers together: what a backward split
+    into I and a later W (zero-bubble schedules) holds from the recompute until W, since W
+    reads every linear's input again, which the recompute rebuilt for I (`split_working_set`).
+    0 without recompute."""
+
+    def split_working_set(self) -> float:
+        """Bytes a micro-batch holds from its recompute (or, without one, its I pass) until
+        its W under a split backward: every layer's recomputed activations, at least the
+        one-layer working set (the loss's gradient buffers)."""
+        return max(self.recompute_sum_bytes, self.recompute_activation_bytes)
     params_by_tp: tuple[tuple[int, int], ...] = ()
     """Empty for a stage with one tensor-parallel degree; with per-op degrees, (t, parameters
     per GPU of the ops at degree t), ascending t, summing to `params`: their gradients are

@@ -78,7 +78,7 @@ def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
         recompute_comm=tuple(total.comm["rec"]), fwd_ep_comm=tuple(total.comm["fwd_ep"]),
         bwd_ep_comm=tuple(total.comm["bwd_ep"]), recompute_ep_comm=tuple(total.comm["rec_ep"]),
         kept_activation_bytes=total.kept, recompute_activation_bytes=total.extra,
-        output_bytes=out_bytes, params=total.params)
+        output_bytes=out_bytes, params=total.params, recompute_sum_bytes=total.recomputed)
 
 
 @dataclass(slots=True)
@@ -94,6 +94,8 @@ class _LayerSum:
         k: [] for k in ("fwd", "bwd", "rec", "fwd_ep", "bwd_ep", "rec_ep")})
     kept: float = 0.0
     extra: float = 0.0
+    recomputed: float = 0.0
+    """The recomputed activations alone (no loss workspace), summed over layers."""
     params: int = 0
 
     def add(self, other: _LayerSum) -> None:
@@ -106,6 +108,7 @@ class _LayerSum:
         # Recompute runs layer by layer before each layer's backward (Megatron's
         # checkpointed blocks), so only one layer's recomputed activations are alive at once.
         self.extra = max(self.extra, other.extra)
+        self.recomputed += other.recomputed
         self.params += other.params
 
 
@@ -169,6 +172,7 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
         kept = layer.activation_bytes(tp, sp, "none", ops=same)
         dropped = sum(op.activation_bytes for op in ops if op.name in names)
         kept, extra = kept - dropped, dropped
+    out.recomputed = extra
     # the loss's gradient buffers live during the backward only, as recomputed activations
     # do; vocab-parallel cross entropy (tp > 1) holds 1/tp of them
     extra = max(extra, layer.backward_workspace(tp))

@@ -42,9 +42,13 @@ class BlockCosts:
     """Activation bytes one in-flight micro-batch holds until its backward."""
     extra_bytes: np.ndarray
     """Bytes a recomputed layer materialises for its backward (a stage needs its largest)."""
+    recomputed_bytes: np.ndarray
+    """The block's recomputed activations (a backward split into I and a later W holds a
+    stage's sum of them: `InstructionCosts.split_working_set`)."""
     sums: dict[str, np.ndarray]
     """Prefix sums (leading 0; a stage of blocks i..j-1 costs p[j] - p[i]) of "estimate"
-    (compute + tp collectives), "compute", "forward", "weight", "static" and "kept"."""
+    (compute + tp collectives), "compute", "forward", "weight", "static", "kept" and
+    "recomputed"."""
 
 
 def prefix(what: np.ndarray) -> np.ndarray:
@@ -92,7 +96,8 @@ class BlockCostTable:
         w, g, o = state_bytes_per_param(self.dtype, self.model.grad_buffer,
                                         self.model.grad_reduce_dtype)
         n = self.num_blocks
-        compute, forward, weight, comm, static, kept, extra = (np.zeros(n) for _ in range(7))
+        compute, forward, weight, comm, static, kept, extra, recomputed = (
+            np.zeros(n) for _ in range(8))
         bw = self._intra.get(gpu_name, float("inf"))
         block, seen_block, cache = 0, False, {}
         for layer in graph.layers:
@@ -116,11 +121,14 @@ class BlockCostTable:
             static[block] += c.params * (w + g + o)
             kept[block] += c.kept_activation_bytes
             extra[block] = max(extra[block], c.recompute_activation_bytes)
+            recomputed[block] += c.recompute_sum_bytes
         sums = {"estimate": prefix(compute + comm), "compute": prefix(compute),
                 "forward": prefix(forward),
-                "weight": prefix(weight), "static": prefix(static), "kept": prefix(kept)}
+                "weight": prefix(weight), "static": prefix(static), "kept": prefix(kept),
+                "recomputed": prefix(recomputed)}
         return BlockCosts(compute_s=compute, weight_s=weight, comm_s=comm, static_bytes=static,
-                          kept_bytes=kept, extra_bytes=extra, sums=sums)
+                          kept_bytes=kept, extra_bytes=extra, recomputed_bytes=recomputed,
+                          sums=sums)
 
 
 __all__ = ["BlockCostTable", "BlockCosts"]

@@ -121,19 +121,24 @@ def held_micro_batches(schedule: str, pp: int, m: int) -> tuple[list[int], list[
 
 
 def _fits(costs: list[BlockCosts], caps: list[float], inflight: list[int],
-          static_scale: float = 1.0, working_sets: list[int] | None = None
-          ) -> list[np.ndarray]:
+          static_scale: float = 1.0, working_sets: list[int] | None = None,
+          split_backward: bool = False) -> list[np.ndarray]:
     """Per stage: fits[k][i, j] when blocks i..j-1 fit stage k's memory (estimate);
     `inflight`: micro-batches whose activations a stage holds at its peak; `working_sets`:
-    how many of them also hold the backward's working set (recomputed activations), 1 when
-    None; `static_scale`: the share of the blocks' weight, gradient and optimizer bytes a GPU
-    keeps (below 1 under a distributed optimizer)."""
+    how many of them also hold the backward's working set, 1 when None: the largest block's
+    (one layer recomputed at a time), or with `split_backward` (I, then W later) every
+    block's recomputed activations together, at least the largest block's; `static_scale`:
+    the share of the blocks' weight, gradient and optimizer bytes a GPU keeps (below 1
+    under a distributed optimizer)."""
     out = []
     sets = working_sets or [1] * len(costs)
     for c, cap, q, w in zip(costs, caps, inflight, sets):
         ps, pk = c.sums["static"] * static_scale, c.sums["kept"]
-        need = (ps[None, :] - ps[:, None]) + q * (pk[None, :] - pk[:, None]) \
-            + w * _range_max(c.extra_bytes)
+        working = _range_max(c.extra_bytes)
+        if split_backward:
+            pr = c.sums["recomputed"]
+            working = np.maximum(working, pr[None, :] - pr[:, None])
+        need = (ps[None, :] - ps[:, None]) + q * (pk[None, :] - pk[:, None]) + w * working
         out.append(need <= cap)
     return out
 
@@ -204,7 +209,7 @@ class CandidateBuilder:
             key = (tuple(stage_type), tuple(caps), deg.tp, mbs, deg.recompute, m, zb, scale)
             if key not in self._partitions:  # other orders giving the stages the same types
                 self._partitions[key] = exact_partition(
-                    prefix, L, m, _fits(costs, caps, inflight, scale, working))
+                    prefix, L, m, _fits(costs, caps, inflight, scale, working, zb))
             exact = self._partitions[key]
             if exact is not None:
                 partitions.append((exact, "exact"))

@@ -230,6 +230,23 @@ def test_per_stage_tensor_parallel_degree() -> None:
     assert 0.8 < f0 / f1 < 1.25
 
 
+def test_a_split_backward_holds_every_recomputed_layer_until_its_weight_pass() -> None:
+    """Under ZB-H1 the backward is I now and W later, and W reads every linear's input again,
+    which the recompute rebuilt for I: a micro-batch holds all its stage's recomputed layers
+    from the recompute until W, not one layer at a time as 1F1B's one-pass backward does.
+    gpt3-350m on 3 stages: the middle stage's 8 identical blocks hold 8 times 1F1B's working
+    set. (They held 1F1B's, so ZB-H1 with full recompute peaked at 2.556 / 1.730 / 3.217 GB
+    on the three stages, now 2.792 / 2.201 / 3.923; 1F1B 2.556 / 1.679 / 2.696.)"""
+    def alloc(schedule: str) -> float:
+        _, _, program, _ = _lower("gpt3-350m", "3xA100-SXM4-80GB", pp=3, recompute="full",
+                                  schedule=schedule, num_micro_batches=3, seq_len=1024)
+        return next(t.mem_alloc_bytes for t in program.tasks if t.name == "s1.R0")
+
+    one_pass, split = alloc("1f1b"), alloc("zb-h1")
+    assert one_pass > 0
+    assert split == pytest.approx(8 * one_pass, rel=1e-12)
+
+
 @pytest.mark.parametrize("stage_tp", [(2, 4), (4, 1), (1, 2), (4, 2)])
 def test_stage_tp_runs_what_its_stage_gpus_form_runs(stage_tp: tuple[int, int]) -> None:
     """A grid plan with per-stage tp (each stage keeps dp·tp GPUs) is the plan of equal

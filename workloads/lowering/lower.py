@@ -752,13 +752,17 @@ class _Lowering:
         mb_key = layout.mb_key(a.micro_batch, group)
         rank_costs = [[layout.costs(k, mb_key, freq, self.cluster.gpu(layout.represents[p][0]))
                        for p in prog] for prog, _ in units]
+        # the backward's working set, freed with the activations at the final pass: one
+        # layer's recomputed activations (or the loss's buffers) when the backward is one pass;
+        # split into I and a later W (zero bubble), every layer's, as W reads their inputs
+        working = c.split_working_set() if final_kind == "W" else c.recompute_activation_bytes
         recompute = None
         if a.kind in ("B", "I") and c.recompute.time_s > 0:
             rname = f"s{k}.R%d"
             recompute = _Part(name=b.name_template(rname), names=[], kind=b.kind("recompute"),
                               times=[[x.recompute.time_s for x in row] for row in rank_costs],
                               powers=[[x.recompute.power_w for x in row] for row in rank_costs],
-                              alloc=c.recompute_activation_bytes,
+                              alloc=working,
                               tp=[self._tp_plan(c.recompute_comm, phys, prog, grp, rname, u)
                                   for u, (prog, grp) in zip(unit_ids, units)]
                               if not op_tp else [],
@@ -779,8 +783,7 @@ class _Lowering:
                      # gradient buffers) comes with the recompute task where there is one,
                      # else with the backward itself; it is freed with the activations
                      alloc=c.kept_activation_bytes if a.kind == "F" else
-                     c.recompute_activation_bytes if a.kind in ("B", "I") and recompute is None
-                     else 0.0,
+                     working if a.kind in ("B", "I") and recompute is None else 0.0,
                      tp=[self._tp_plan(needs, phys, prog, grp, name, u)
                          for u, (prog, grp) in zip(unit_ids, units)]
                      if not op_tp else [],
@@ -790,7 +793,7 @@ class _Lowering:
         layers = layout.stage_layers[k]
         return _Block(units=units, unit_ids=unit_ids, freqs=freqs, first_layer=layers[0],
                       last_layer=layers[-1], recompute=recompute, main=main,
-                      final=a.kind == final_kind, extra_free=c.recompute_activation_bytes,
+                      final=a.kind == final_kind, extra_free=working,
                       ep_needs=ep_needs if self.plan.ep >= 2 else (),
                       send=self._send_plan(a, unit_ids, group))
 
