@@ -54,7 +54,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainsim.workloads.model import Layer
-from trainsim.workloads.op_work import InstructionCosts, Work, op_pass_work, shared_params
+from trainsim.workloads.op_work import (
+    InstructionCosts,
+    Work,
+    op_pass_work,
+    shared_params,
+    weight_inputs,
+)
 from trainsim.workloads.ops import CommNeed, Op
 
 LayersAt = Callable[[int], Sequence[Layer]]
@@ -240,10 +246,11 @@ def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
                     tot.comm["rec"] += [c for c in own if c.phase == "fwd"]
             tot.params[t] = tot.params.get(t, 0) + op.params
             prev, prev_redo = cur, redo
-        kept, extra = _saved(layer, k, layers_of, deg, tp, full, recompute, names, op_cache)
+        kept, extra, reread = _saved(layer, k, layers_of, deg, tp, full, recompute, names,
+                                     op_cache)
         tot.kept += kept
         tot.extra = max(tot.extra, extra)  # one layer recomputed at a time (see stage_costs)
-        tot.recomputed += extra
+        tot.recomputed += reread
         # the loss's backward buffers, as stage_costs counts them (the stage's tp)
         tot.extra = max(tot.extra, layer.backward_workspace(tp))
     last = layers[-1]
@@ -267,21 +274,24 @@ def op_parallel_costs(layers: Sequence[Layer], *, tp: int, degrees: OpDegrees,
 def _saved(layer: Layer, k: int, layers_of: Callable[[int], Sequence[Layer]],
            deg: Mapping[str, int], tp: int, full: bool, recompute: str | tuple[str, ...],
            names: set[str], op_cache: Mapping[tuple[int, int, int], _OpAt]
-           ) -> tuple[float, float]:
-    """(kept, extra) activation bytes of one layer: each op's saved tensors at its own degree
-    and batch share (Korthikanti et al. 2022 §4.1); full recompute keeps the layer's input at
-    its first op's layout (its batch share, replicated)."""
+           ) -> tuple[float, float, float]:
+    """(kept, extra, re-read) activation bytes of one layer: each op's saved tensors at its
+    own degree and batch share (Korthikanti et al. 2022 §4.1); full recompute keeps the
+    layer's input at its first op's layout (its batch share, replicated); re-read: what a
+    deferred weight-gradient pass reads of the recomputed ones (`op_work.weight_inputs`)."""
     ops = [op_cache[(id(layer), j, deg.get(o.name, tp))].op for j, o in enumerate(layer.ops)]
     none = sum(op.activation_bytes for op in ops)
     if full:
         first_t = deg.get(layer.ops[0].name, tp)
         kept = layers_of(first_t)[k].input_bytes
-        return kept, none - kept
+        return kept, none - kept, weight_inputs(ops, lambda op: 1.0)
     if recompute == "selective":
         kept = sum(op.saved_bytes("selective") for op in ops)
-        return kept, none - kept
+        return kept, none - kept, weight_inputs(
+            ops, lambda op: 1.0 if op.selective_recompute else 0.0)
     dropped = sum(op.activation_bytes for op in ops if op.name in names)
-    return none - dropped, dropped
+    return none - dropped, dropped, weight_inputs(
+        ops, lambda op: 1.0 if op.name in names else 0.0)
 
 
 __all__ = ["LayersAt", "OpDegrees", "op_parallel_costs", "reshard", "stage_op_degrees"]

@@ -8,7 +8,7 @@ op_parallel.py where the ops have their own tensor-parallel degrees).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,15 +67,16 @@ class InstructionCosts:
     params: int
     """Parameters of the stage's layers on one GPU (tied copies included)."""
     recompute_sum_bytes: float = 0.0
-    """The recomputed activations of all the stage's layers together: what a backward split
-    into I and a later W (zero-bubble schedules) holds from the recompute until W, since W
-    reads every linear's input again, which the recompute rebuilt for I (`split_working_set`).
-    0 without recompute."""
+    """The recomputed activations the stage's weight-gradient pass reads again, over all its
+    layers: the saved inputs of recomputed ops with weights (dW = Xᵀ·dY; `weight_inputs`).
+    What a backward split into I and a later W (zero-bubble schedules) holds from the
+    recompute until W (`split_working_set`). 0 without recompute, and under Megatron's
+    selective recompute (the attention core it rebuilds has no weights)."""
 
     def split_working_set(self) -> float:
         """Bytes a micro-batch holds from its recompute (or, without one, its I pass) until
-        its W under a split backward: every layer's recomputed activations, at least the
-        one-layer working set (the loss's gradient buffers)."""
+        its W under a split backward: the recomputed inputs W reads, at least the one-layer
+        working set (a layer's recomputation, the loss's gradient buffers)."""
         return max(self.recompute_sum_bytes, self.recompute_activation_bytes)
     params_by_tp: tuple[tuple[int, int], ...] = ()
     """Empty for a stage with one tensor-parallel degree; with per-op degrees, (t, parameters
@@ -190,6 +191,14 @@ def op_pass_work(cost_model: Any, gpu: Any, op: Op, freq_mhz: float | None, dtyp
     i = _op_work(cost_model, gpu, op, op.bwd_flops * (1 - share), op.bwd_bytes * (1 - share),
                  freq_mhz, dtype) + cast_i
     return f, i + w, i, w
+
+
+def weight_inputs(ops: Sequence[Op], share: Callable[[Op], float]) -> float:
+    """Saved input bytes of the recomputed ops whose weight gradients the W pass computes (the
+    GEMMs with weights, `_weight_share`), each times `share(op)` (the share of its forward run
+    again): what a deferred weight-gradient pass (dW = Xᵀ·dY) reads of the recomputed
+    activations. Per GPT block 14·s·b·h bytes (Korthikanti et al. 2022's GEMM inputs)."""
+    return float(sum(share(op) * op.activation_bytes for op in ops if _weight_share(op) > 0))
 
 
 def shared_params(layers: Sequence[Layer], tp: int) -> int:

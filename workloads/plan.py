@@ -515,8 +515,8 @@ class ParallelPlan:
                                     f"divisible by stage {s}'s dp={dp} (stage_gpus[{s}]="
                                     f"{gpus[s]} / tp={t})")
         elif self.stage_tp is not None and len(self.stage_tp) == self.pp:
-            sizes = sorted({mb.batch_size for mb in self.micro_batches or ()}
-                           | {self.micro_batch_size})
+            sizes = sorted({mb.batch_size for mb in self.micro_batches}
+                           if self.micro_batches is not None else {self.micro_batch_size})
             for s, t in enumerate(self.stage_tp):
                 if t < 1 or (self.dp * self.tp) % t:
                     continue  # _check_gpus names it
@@ -525,8 +525,8 @@ class ParallelPlan:
                 if bad:
                     raise PlanError(f"plan.stage_tp[{s}]={t}: stage {s} runs dp={dp} replicas, "
                                     f"which must split the dp={self.dp} replicas' "
-                                    f"{bad[0]}-sample micro-batches evenly ({bad[0] * self.dp} "
-                                    f"samples)")
+                                    f"{bad[0]}-sample micro-batches evenly "
+                                    f"({bad[0] * self.dp} samples in all)")
         if self.stage_recompute is not None:
             for s, rc in enumerate(self.stage_recompute):
                 if isinstance(rc, str) and rc not in RECOMPUTE_POLICIES:

@@ -15,7 +15,13 @@ from typing import Any, cast
 
 from trainsim.workloads.model import Layer
 from trainsim.workloads.op_parallel import OpDegrees, op_parallel_costs
-from trainsim.workloads.op_work import InstructionCosts, Work, op_pass_work, shared_params
+from trainsim.workloads.op_work import (
+    InstructionCosts,
+    Work,
+    op_pass_work,
+    shared_params,
+    weight_inputs,
+)
 from trainsim.workloads.ops import CommNeed
 
 
@@ -95,7 +101,8 @@ class _LayerSum:
     kept: float = 0.0
     extra: float = 0.0
     recomputed: float = 0.0
-    """The recomputed activations alone (no loss workspace), summed over layers."""
+    """The recomputed activations a deferred weight-gradient pass reads, summed over layers
+    (`op_work.weight_inputs`)."""
     params: int = 0
 
     def add(self, other: _LayerSum) -> None:
@@ -172,7 +179,8 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
         kept = layer.activation_bytes(tp, sp, "none", ops=same)
         dropped = sum(op.activation_bytes for op in ops if op.name in names)
         kept, extra = kept - dropped, dropped
-    out.recomputed = extra
+    out.recomputed = weight_inputs(
+        ops, lambda op: 1.0 if full or op.name in names else shares.get(op.name, 0.0))
     # the loss's gradient buffers live during the backward only, as recomputed activations
     # do; vocab-parallel cross entropy (tp > 1) holds 1/tp of them
     extra = max(extra, layer.backward_workspace(tp))

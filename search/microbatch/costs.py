@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -133,7 +134,7 @@ class MicroBatchCosts:
         if self._grid is None:
             t0 = time.perf_counter()
             shape = (len(self.b_grid), len(self.s_grid), len(self.t_grid))
-            table = {k: np.zeros(shape) for k in ("time", "kept", "extra")}
+            table = {k: np.zeros(shape) for k in ("time", "kept")}
             for k in range(self.pp):
                 table[f"kept{k}"], table[f"extra{k}"] = np.zeros(shape), np.zeros(shape)
             for i, b in enumerate(self.b_grid):
@@ -142,7 +143,6 @@ class MicroBatchCosts:
                         f = self.exact(int(b), int(s), int(t))
                         table["time"][i, j, k] = f.time_s / b
                         table["kept"][i, j, k] = f.kept_bytes / b
-                        table["extra"][i, j, k] = f.extra_bytes / b
                         for q, (kq, eq) in enumerate(zip(f.stage_kept, f.stage_extra)):
                             table[f"kept{q}"][i, j, k] = kq / b
                             table[f"extra{q}"][i, j, k] = eq / b
@@ -191,8 +191,18 @@ class MicroBatchCosts:
     def all(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(time, kept, extra) of micro-batches, interpolated in one pass."""
-        time_s, kept, extra = self._interp_many(("time", "kept", "extra"), b, s, t)
-        return time_s, kept, extra
+        time_s, = self._interp_many(("time",), b, s, t)
+        stage_kept, stage_extra = self.stage_figures(b, s, t)
+        return time_s, stage_kept[0], self._extra(stage_kept, stage_extra)
+
+    def _extra(self, stage_kept: np.ndarray, stage_extra: np.ndarray) -> np.ndarray:
+        """`Figures.extra_bytes` from the stages' interpolated figures (which scale with the
+        batch; the model states, which do not, are added whole)."""
+        shape = stage_kept.shape[1:]  # the micro-batches' (stage figures lead with pp)
+        kept, extra = stage_kept.reshape(self.pp, -1), stage_extra.reshape(self.pp, -1)
+        held = np.arange(self.pp, 0, -1)[:, None]  # pp - k micro-batches on stage k
+        need = (held * kept + extra + self.stage_static[:, None]).max(axis=0)
+        return cast(np.ndarray, (need - self.static_bytes - self.pp * kept[0]).reshape(shape))
 
     def stage_figures(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None
                       ) -> tuple[np.ndarray, np.ndarray]:
@@ -213,7 +223,7 @@ class MicroBatchCosts:
     def extra(self, b: ArrayLike, s: ArrayLike, t: ArrayLike | None = None) -> np.ndarray:
         """Interpolated bytes beyond the fullest stage's model states and pp x kept that the
         neediest stage needs (`Figures.extra_bytes`)."""
-        return self._interp("extra", b, s, t)
+        return self._extra(*self.stage_figures(b, s, t))
 
 
 __all__ = ["PAD", "Figures", "MicroBatchCosts", "pad"]

@@ -2,8 +2,10 @@
 
 For each global batch of variable-length samples, a method forms micro-batches per
 data-parallel replica (batching.py); the planner then picks the recompute policy (none, then
-selective, then full: the first under which every stage fits its model states and its
-micro-batches' activations, 1F1B keeping pp - k in flight on stage k) and replays the
+selective, then full: the first under which the method's micro-batches fit -- for the
+baselines every stage's model states and the heaviest run of pp - k consecutive micro-batches
+1F1B keeps on stage k; for DynaPipe's split, each micro-batch in every in-flight slot of the
+neediest stage, its own bound) and replays the
 iteration on the engine under each schedule the method may use, keeping the fastest that does
 not run out of memory. Methods:
 

@@ -469,7 +469,8 @@ class LoweringLayout:
 
     def stage_graph(self, phys: int, mb_key: MbKey) -> ModelGraph:
         """The graph one replica of physical stage `phys` runs for micro-batch shape `mb_key`
-        (with `stage_gpus`, the micro-batch split over the stage's data-parallel replicas)."""
+        (with `stage_gpus` or `stage_tp`, its share over the stage's data-parallel replicas:
+        `ParallelPlan.replica_batch`)."""
         b = self.plan.replica_batch(phys, mb_key[0])
         if b == mb_key[0]:
             return self.graphs[mb_key]

@@ -752,10 +752,13 @@ class _Lowering:
         mb_key = layout.mb_key(a.micro_batch, group)
         rank_costs = [[layout.costs(k, mb_key, freq, self.cluster.gpu(layout.represents[p][0]))
                        for p in prog] for prog, _ in units]
-        # the backward's working set, freed with the activations at the final pass: one
-        # layer's recomputed activations (or the loss's buffers) when the backward is one pass;
-        # split into I and a later W (zero bubble), every layer's, as W reads their inputs
-        working = c.split_working_set() if final_kind == "W" else c.recompute_activation_bytes
+        # the backward's working set, freed with the activations at the micro-batch's last
+        # backward pass (B, or W after its I: decided per pass, as a schedule may run some
+        # micro-batches' backwards whole and split others'): one layer's recomputed
+        # activations (or the loss's buffers) for a whole B; for I and W, the recomputed
+        # inputs W reads again (`split_working_set`)
+        working = c.split_working_set() if a.kind in ("I", "W") \
+            else c.recompute_activation_bytes
         recompute = None
         if a.kind in ("B", "I") and c.recompute.time_s > 0:
             rname = f"s{k}.R%d"
@@ -793,7 +796,7 @@ class _Lowering:
         layers = layout.stage_layers[k]
         return _Block(units=units, unit_ids=unit_ids, freqs=freqs, first_layer=layers[0],
                       last_layer=layers[-1], recompute=recompute, main=main,
-                      final=a.kind == final_kind, extra_free=working,
+                      final=a.kind in ("B", "W"), extra_free=working,
                       ep_needs=ep_needs if self.plan.ep >= 2 else (),
                       send=self._send_plan(a, unit_ids, group))
 
