@@ -318,22 +318,29 @@ class MicroBatchPlanner:
     def cyclic_schedules(self, names: Sequence[str], b: Batching, recompute: str
                          ) -> list[str]:
         """`names` with "cyclic" expanded as DynaPipe tries it: first without a memory limit,
-        then -- when the first stage's activations could pass the budget -- capped at the most
-        micro-batches in flight that fit (`cyclic_cap`: any run of consecutive micro-batches
-        of that length fits, and the cyclic order keeps them in order)."""
+        then -- when some stage's activations could pass its budget -- capped at the most
+        micro-batches in flight that fit every stage (`cyclic_cap` per stage k, where up to
+        2(pp - k) - 1 are in flight uncapped: any run of consecutive micro-batches of that
+        length fits, and the cyclic order keeps them in order). Per stage, since a T5's
+        decoder stages can need more than the first."""
         out = [n for n in names if n != "cyclic"]
         if "cyclic" not in names or self.pp < 2:
             return out
         c = self.costs(recompute, packed=False)
-        kept, extra = [], 0.0
+        kept: list[list[np.ndarray]] = [[] for _ in range(self.pp)]
+        extra = np.zeros(self.pp)
         for ms in b.replicas:
             shapes = np.array([(m.batch_size, m.seq_len, m.target_len) for m in ms], float)
             t = shapes[:, 2] if c.encoder_decoder else None
             stage_kept, stage_extra = c.stage_figures(shapes[:, 0], shapes[:, 1], t)
-            kept.append(stage_kept[0])
-            extra = max(extra, float(np.max(stage_extra[0])))
-        # the cap bounds stage 0's window (its own model states and backward transient)
-        cap = cyclic_cap(kept, self.capacity - float(c.stage_static[0]) - extra, self.pp)
+            for k in range(self.pp):
+                kept[k].append(stage_kept[k])
+            extra = np.maximum(extra, stage_extra.max(axis=1))
+        # each stage's own model states and backward transient bound its window
+        caps = [cyclic_cap(kept[k], self.capacity - float(c.stage_static[k]) - extra[k],
+                           self.pp - k) for k in range(self.pp)]
+        found = [k for k in caps if k is not None]
+        cap = min(found) if found else None
         return [*out, "cyclic", *([f"cyclic-{cap}"] if cap is not None else [])]
 
     def _rank(self, s: Summary) -> tuple[bool, float]:

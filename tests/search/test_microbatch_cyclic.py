@@ -136,3 +136,25 @@ def test_capped_cyclic_replays_within_memory(seed: int) -> None:
         assert not s.oom and s.peak_memory_bytes <= limit, (name, s.peak_memory_bytes)
     result = planner.run("dynapipe", [batch])
     assert result.error is None and all(i.fits for i in result.iterations)
+
+
+def test_the_cap_is_sized_on_every_stage() -> None:
+    """Long-target T5 micro-batches need most on a decoder stage, not the first: the cap
+    that makes the cyclic order fit is found per stage. (Sized on the first stage only, no
+    cap was offered at 8-9 GB and the uncapped order peaked at 9.75 GB.)"""
+    from trainsim.search.microbatch.batching import Batching
+    from trainsim.workloads.plan import MicroBatch
+
+    mb = MicroBatch(batch_size=4, seq_len=16, target_len=1024)
+    run = Batching(replicas=((mb,) * 8,), real_tokens=0, padded_tokens=0, note="long targets")
+    limit = 9e9
+    planner = MicroBatchPlanner(get_model("t5-770m"), parse_cluster("4xA100-SXM4-40GB"), dp=1,
+                                pp=4, max_len=1024, max_target_len=1024,
+                                memory_limit_bytes=limit)
+    names = planner.cyclic_schedules(("1f1b", "cyclic"), run, "none")
+    capped = [n for n in names if n.startswith("cyclic-")]
+    assert capped
+    peak = planner.oracle("ours").evaluate({
+        **planner.plan_fields, "recompute": "none", "schedule": capped[0],
+        "replica_micro_batches": [list(run.replicas[0])]}).peak_memory_bytes
+    assert peak <= limit
