@@ -207,8 +207,9 @@ def shared_params(layers: Sequence[Layer], tp: int) -> int:
     Megatron-LM keeps a copy of the word embedding on the last stage when embedding and head
     are on different stages; on the stage that holds the embedding itself the head reuses it,
     so nothing is added (a stage counting it twice would double its weight memory and its
-    gradient all-reduce).
+    gradient all-reduce). Several readers of the one table on a stage (a T5 stage running the
+    decoder's embedding and the head) share one copy.
     """
     owned = max((la.params for la in layers if la.kind == "embedding"), default=0)
-    return sum(-(-la.shared_params // tp) for la in layers
-               if la.shared_params and owned < la.shared_params)
+    return max((-(-la.shared_params // tp) for la in layers
+                if la.shared_params and owned < la.shared_params), default=0)

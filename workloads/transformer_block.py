@@ -275,7 +275,9 @@ def embedding_layer(spec: ModelSpec, b: int, s: int, *, name: str = "embedding",
     """Word (+ position, + token-type) embedding, optional layernorm, dropout.
 
     `owns_word_embedding` is False for a second stack reusing the first's word embedding (T5's
-    decoder); its parameters are then counted once.
+    decoder); its parameters are then counted once, and the layer reads them as
+    `shared_params`: a pipeline stage that runs it without the owner keeps a copy, which is
+    all-reduced with the owner's (Megatron-LM's T5 split rank is in the embedding group).
 
     The word embedding is vocab-parallel (Shoeybi et al. 2019 §3): each rank holds V/t rows and
     the partial lookups are all-reduced (reduce-scattered under SP) like a row-parallel GEMM.
@@ -297,7 +299,8 @@ def embedding_layer(spec: ModelSpec, b: int, s: int, *, name: str = "embedding",
                                   dtype_bytes=B, activation_bytes=MASK_BYTES * tokens * h,
                                   shardings=replicated()))
     return Layer(name=name, kind="embedding", ops=tuple(ops),
-                 input_bytes=TOKEN_ID_BYTES * tokens, output_bytes=out_bytes)
+                 input_bytes=TOKEN_ID_BYTES * tokens, output_bytes=out_bytes,
+                 shared_params=0 if owns_word_embedding else spec.vocab_size * h)
 
 
 def lm_head_ops(spec: ModelSpec, tokens: int, *, prefix: str = "lm_head",

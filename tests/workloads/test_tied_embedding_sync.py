@@ -131,3 +131,22 @@ def test_a_t5_head_stage_holding_the_decoder_embedding_keeps_its_copy(
     assert len(_named(program, "embedding.all_reduce")) == \
         len(_named(even, "embedding.all_reduce")) > 0
     assert program.static_memory_bytes[1] > even.static_memory_bytes[1]
+
+
+def test_a_t5_stage_running_the_decoders_embedding_alone_keeps_a_copy() -> None:
+    """A stage that runs T5's decoder embedding without the encoder's reads the word table
+    all the same: it keeps a copy, reduced with the owner's (Megatron-LM's split rank is in
+    the embedding group), and a stage running both the decoder's embedding and the head keeps
+    one copy, not two. T5 770M on 4 stages: stage 1 runs the decoder's embedding (it held no
+    copy and was not reduced: only stage 3, the head's, was)."""
+    from trainsim.workloads.model import build_graph
+    from trainsim.workloads.op_work import shared_params
+
+    program, plan, spec = _program("t5-770m", dp=2, pp=4)
+    pairs = {_members(program, int(t)) for t in _named(program, "embedding.all_reduce")}
+    assert pairs == {(0, 1), (0, 3)}  # folded: one program rank per stage
+    table = spec.vocab_size * spec.hidden
+    assert program.static_memory_bytes[1] > table * sum(optimizer_bytes_per_param(plan.dtype))
+    readers = [la for la in build_graph(spec, 1, 64).layers if la.shared_params]
+    assert {la.name for la in readers} == {"decoder_embedding", "head"}
+    assert shared_params(readers, 1) == table

@@ -240,10 +240,10 @@ class GradientSync:
         (`stage_gpus`) pair their GPUs round-robin, as the stage-boundary transfers do, so
         every copy is reduced. Approximations: the bytes are the head's stage's copy (the two
         stages' tp may differ); they are the whole copy, as Megatron's distributed optimizer
-        (ZeRO-1) reduces it, also under ZeRO-2/3, where a 1/dp shard would do; a T5 stage
-        that runs the decoder's embedding but not the head keeps no copy here and is not in
-        the group (Megatron-LM's split rank holds one); one that runs both is, since the
-        decoder's embedding reuses the table (`holds_embedding`)."""
+        (ZeRO-1) reduces it, also under ZeRO-2/3, where a 1/dp shard would do. A T5 stage
+        running the decoder's embedding (which reads the encoder's table) keeps a copy too and
+        is reduced with the first stage (Megatron-LM's split rank is in the group), one pair
+        per copy rather than one all-reduce over the three stages."""
         plan, layout = self.plan, self.layout
         if plan.pp < 2 or not self.opt.communication:
             return
