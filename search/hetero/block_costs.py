@@ -45,10 +45,22 @@ class BlockCosts:
     recomputed_bytes: np.ndarray
     """The block's recomputed activations (a backward split into I and a later W holds a
     stage's sum of them: `InstructionCosts.split_working_set`)."""
+    extra_max: np.ndarray
+    """extra_max[i, j] = the largest `extra_bytes` of blocks i..j-1 (i < j; `range_max`):
+    the working set of a stage of those blocks, worked out once per table entry."""
     sums: dict[str, np.ndarray]
     """Prefix sums (leading 0; a stage of blocks i..j-1 costs p[j] - p[i]) of "estimate"
     (compute + tp collectives), "compute", "forward", "weight", "static", "kept" and
     "recomputed"."""
+
+
+def range_max(values: np.ndarray) -> np.ndarray:
+    """m[i, j] = max(values[i:j]) for i < j (0 elsewhere)."""
+    n = len(values)
+    out = np.zeros((n + 1, n + 1))
+    for i in range(n):
+        out[i, i + 1:] = np.maximum.accumulate(values[i:])
+    return out
 
 
 def prefix(what: np.ndarray) -> np.ndarray:
@@ -128,7 +140,7 @@ class BlockCostTable:
                 "recomputed": prefix(recomputed)}
         return BlockCosts(compute_s=compute, weight_s=weight, comm_s=comm, static_bytes=static,
                           kept_bytes=kept, extra_bytes=extra, recomputed_bytes=recomputed,
-                          sums=sums)
+                          extra_max=range_max(extra), sums=sums)
 
 
 __all__ = ["BlockCostTable", "BlockCosts"]

@@ -89,15 +89,6 @@ class Layout:
                 for d in range(len(self.types[0]))]
 
 
-def _range_max(values: np.ndarray) -> np.ndarray:
-    """m[i, j] = max(values[i:j]) for i < j (0 elsewhere)."""
-    n = len(values)
-    out = np.zeros((n + 1, n + 1))
-    for i in range(n):
-        out[i, i + 1:] = np.maximum.accumulate(values[i:])
-    return out
-
-
 SCHEDULES = ("1f1b", "zb-h1")
 """The pipeline schedules the candidates are sized and bounded for (canonical names)."""
 
@@ -134,7 +125,7 @@ def _fits(costs: list[BlockCosts], caps: list[float], inflight: list[int],
     sets = working_sets or [1] * len(costs)
     for c, cap, q, w in zip(costs, caps, inflight, sets):
         ps, pk = c.sums["static"] * static_scale, c.sums["kept"]
-        working = _range_max(c.extra_bytes)
+        working = c.extra_max
         if split_backward:
             pr = c.sums["recomputed"]
             working = np.maximum(working, pr[None, :] - pr[:, None])
