@@ -35,7 +35,7 @@ from numpy.typing import ArrayLike
 from trainsim.errors import SpecError
 from trainsim.simulator.actions import Action, Schedule
 
-__all__ = ["CYCLIC_PREFIX", "capped_cyclic", "cyclic_cap", "parse_cyclic_name",
+__all__ = ["CYCLIC_PREFIX", "capped_cyclic", "cyclic_cap", "max_window", "parse_cyclic_name",
            "wait_free_cyclic"]
 
 CYCLIC_PREFIX = "cyclic"
@@ -144,14 +144,16 @@ def cyclic_cap(window_bytes: Sequence[ArrayLike], budget: float, p: int) -> int 
     for held in window_bytes:
         x = np.asarray(held, dtype=float)
         k = 1
-        while k < min(best, len(x)) and _max_window(x, k + 1) <= budget:
+        while k < min(best, len(x)) and max_window(x, k + 1) <= budget:
             k += 1
         if k < len(x):
             best = min(best, k)
     return None if best >= 2 * p - 1 else best
 
 
-def _max_window(x: np.ndarray, k: int) -> float:
+def max_window(x: np.ndarray, k: int) -> float:
+    """The largest sum of `k` consecutive values of `x` (all of them when fewer)."""
+    k = min(k, len(x))
     c = np.concatenate([[0.0], np.cumsum(x)])
     return float(np.max(c[k:] - c[:-k]))
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainsim.search.hetero.block_costs import range_max
 from trainsim.search.microbatch.costs import MicroBatchCosts, pad
 from trainsim.search.microbatch.kernels import dp_all
 
@@ -99,10 +100,8 @@ def segment_tables(costs: MicroBatchCosts, inputs: np.ndarray, targets: np.ndarr
     """(time, kept bytes) of every segment [i, j) of the ordered samples (inf where j <= i)."""
     n = len(inputs)
     i, j = np.triu_indices(n + 1, k=1)
-    run_in = _running_max(inputs)
-    s = pad(run_in[i, j - 1])
-    t = pad(_running_max(targets)[i, j - 1]) if targets is not None and np.any(targets) \
-        else None
+    s = pad(range_max(inputs)[i, j])  # the longest sample of each segment
+    t = pad(range_max(targets)[i, j]) if targets is not None and np.any(targets) else None
     size = j - i
     time = np.full((n + 1, n + 1), np.inf)
     kept = np.full((n + 1, n + 1), np.inf)
@@ -110,15 +109,6 @@ def segment_tables(costs: MicroBatchCosts, inputs: np.ndarray, targets: np.ndarr
     time[i, j] = seg_time
     kept[i, j] = seg_kept + seg_extra / max(costs.pp, 1)
     return time, kept
-
-
-def _running_max(x: np.ndarray) -> np.ndarray:
-    """m[i, j] = max(x[i..j]) for j >= i."""
-    n = len(x)
-    m = np.full((n, n), -np.inf)
-    for i in range(n):
-        m[i, i:] = np.maximum.accumulate(x[i:])
-    return m
 
 
 def split(costs: MicroBatchCosts, inputs: np.ndarray, targets: np.ndarray | None, *, dp: int,

@@ -50,7 +50,7 @@ from trainsim.hwmodels.cluster import Cluster
 from trainsim.search.microbatch.batching import Batching, dynapipe, fixed, packing, token_budget
 from trainsim.search.microbatch.costs import MicroBatchCosts
 from trainsim.search.oracle import Oracle, Summary
-from trainsim.simulator.cyclic_schedule import cyclic_cap
+from trainsim.simulator.cyclic_schedule import cyclic_cap, max_window
 from trainsim.workloads.lengths import LengthDataset, Sample
 from trainsim.workloads.model import ModelSpec
 from trainsim.workloads.plan import ParallelPlan
@@ -118,14 +118,6 @@ class MethodResult:
         for i in self.iterations:
             out[getattr(i, attr)] = out.get(getattr(i, attr), 0) + 1
         return out
-
-
-def _heaviest_run(values: np.ndarray, length: int) -> float:
-    """The largest sum of `length` consecutive `values` (all of them when fewer)."""
-    if len(values) <= length:
-        return float(values.sum())
-    c = np.concatenate(([0.0], np.cumsum(values)))
-    return float(np.max(c[length:] - c[:-length]))
 
 
 class MicroBatchPlanner:
@@ -202,7 +194,7 @@ class MicroBatchPlanner:
             kept, extra = c.stage_figures(shapes[:, 0], shapes[:, 1],
                                           shapes[:, 2] if c.encoder_decoder else None)
             for k in range(self.pp):
-                held = _heaviest_run(kept[k], self.pp - k) + float(extra[k].max())
+                held = max_window(kept[k], self.pp - k) + float(extra[k].max())
                 need[k] = max(need[k], c.stage_static[k] + held)
         return bool(need.max() <= self.capacity)
 
