@@ -10,7 +10,8 @@ Python object per task. The loop keeps
   program.py, and a collective is a rendezvous of its members;
 * a binary heap of fixed-part ends keyed by (time, task index);
 * the fluid links (`event_loop_numba`): transfers in their transfer phase with bytes left and
-  rate `min over links of bandwidth / users`, recomputed after every instant at which the set of
+  rate `min over links of bandwidth / users` (users counted in copies on the physical link:
+  program.py, shared links), recomputed after every instant at which the set of
   transfers changed, and one pending wake-up at the earliest completion;
 * SM sharing: per rank the number of SM-occupying collectives running and the slowed
   compute-stream task in its fixed part; when a collective's start or end changes that task's
@@ -105,6 +106,8 @@ def event_times(
     duration = np.ascontiguousarray(frozen.duration_s, dtype=np.float64)
     comm = np.ascontiguousarray(frozen.comm_bytes, dtype=np.float64)
     bandwidth = np.ascontiguousarray(frozen.link_bandwidth_bytes_per_s, dtype=np.float64)
+    slot = np.ascontiguousarray(frozen.link_slot, dtype=i64)
+    copies = np.ascontiguousarray(frozen.link_copies, dtype=i64)
     num_comm = int(np.count_nonzero(comm > 0))
     state = np.zeros(STATE_SIZE, dtype=np.float64)
     wait = np.diff(frozen.dep_ptr).astype(i64) + np.diff(member_ptr)
@@ -132,12 +135,12 @@ def event_times(
     act_task = np.empty(max(num_comm, 1), dtype=i64)
     act_rem = np.empty(max(num_comm, 1), dtype=np.float64)
     act_rate = np.empty(max(num_comm, 1), dtype=np.float64)
-    users = np.zeros(max(len(bandwidth), 1), dtype=i64)
+    users = np.zeros(max(len(bandwidth), 1), dtype=i64)  # per physical link: no more slots
     stack = np.empty(n, dtype=i64)
     done_buf = np.empty(max(num_comm, 1), dtype=i64)
     arrays = (
         duration, comm, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
-        succ_ptr, succ_idx, link_ptr, link_idx, bandwidth,
+        succ_ptr, succ_idx, link_ptr, link_idx, bandwidth, slot, copies,
         wait, start, end, heap_time, heap_task, act_task, act_rem, act_rate, users, stack,
         done_buf, state, role, member_rank, phi, sm_busy, sm_task, work_left, work_since,
         work_rate, fixed_end, pending,

@@ -29,7 +29,7 @@ import simpy
 from simpy.core import URGENT
 
 from trainsim.errors import SimulationError
-from trainsim.simulator.program import SM_OCCUPIES, SM_SLOWED, Program, sm_roles
+from trainsim.simulator.program import SM_OCCUPIES, SM_SLOWED, Program, physical_link, sm_roles
 from trainsim.simulator.result import SimResult, build_result
 
 
@@ -55,7 +55,8 @@ class _Wakeup(simpy.Event):
 
 
 class FluidLinks:
-    """Shares links among concurrent transfers: rate = min over links of bandwidth / users.
+    """Shares links among concurrent transfers: rate = min over links of bandwidth / users,
+    the users of a shared link id ``l/n`` counted in copies on physical link l (program.py).
 
     A thin resource: `transfer()` returns an event that succeeds when the bytes have moved.
     Rates change only when a transfer starts or ends, so between such instants every transfer
@@ -67,7 +68,8 @@ class FluidLinks:
         self.env = env
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
         self.active: dict[int, _Transfer] = {}
-        self.users: dict[str, int] = defaultdict(int)
+        self.users: dict[str, int] = defaultdict(int)  # per physical link, in copies
+        self.physical = {link: physical_link(link) for link in bandwidth_bytes_per_s}
         self.updated_s = 0.0
         self.next_end_s = float("inf")
         self.generation = 0
@@ -78,7 +80,8 @@ class FluidLinks:
         done = self.env.event()
         self.active[task_id] = _Transfer(remaining_bytes=nbytes, links=links, done=done)
         for link in links:
-            self.users[link] += 1
+            phys, copies = self.physical[link]
+            self.users[phys] += copies
         self._replan()
         return done
 
@@ -100,7 +103,9 @@ class FluidLinks:
             return
         for tr in self.active.values():
             tr.rate_bytes_per_s = min(
-                self.bandwidth_bytes_per_s[link] / self.users[link] for link in tr.links
+                self.bandwidth_bytes_per_s[link]
+                / (self.users[self.physical[link][0]] / self.physical[link][1])
+                for link in tr.links
             )
         self.next_end_s = min(self._end_s(tr) for tr in self.active.values())
         wake = _Wakeup(self.env, max(self.next_end_s - self.env.now, 0.0), self.generation)
@@ -114,7 +119,8 @@ class FluidLinks:
         done = [self.active.pop(task_id) for task_id in finished]
         for tr in done:
             for link in tr.links:
-                self.users[link] -= 1
+                phys, copies = self.physical[link]
+                self.users[phys] -= copies
         self._replan()
         for tr in done:  # in task-index order; dependants see the end at this instant
             tr.done.succeed()

@@ -124,8 +124,9 @@ def _drain(state: F64, act_rem: F64, act_rate: F64, now: float) -> None:
 
 @_jit
 def _replan(state: F64, act_task: I64, act_rem: F64, act_rate: F64, users: I64, link_ptr: I64,
-            link_idx: I64, bandwidth: F64) -> None:
-    """Equal-share rates (min over links of bandwidth / users) and the next wake-up."""
+            link_idx: I64, bandwidth: F64, slot: I64, copies: I64) -> None:
+    """Equal-share rates (min over links of bandwidth / users, users counted in copies on the
+    physical link: program.py, shared links) and the next wake-up."""
     state[ST_DIRTY] = 0.0
     count = int(state[ST_ACTIVE])
     if count == 0:
@@ -139,7 +140,7 @@ def _replan(state: F64, act_task: I64, act_rem: F64, act_rate: F64, users: I64, 
         rate = math.inf
         for k in range(link_ptr[t], link_ptr[t + 1]):
             link = link_idx[k]
-            share = bandwidth[link] / users[link]
+            share = bandwidth[link] / (users[slot[link]] / copies[link])
             rate = min(rate, share)
         act_rate[i] = rate
         finish = updated + act_rem[i] / rate
@@ -231,7 +232,8 @@ def _end_task(
 
 @_jit_inline
 def _start_transfer(t: int, now: float, comm: F64, link_ptr: I64, link_idx: I64, act_task: I64,
-                    act_rem: F64, act_rate: F64, users: I64, state: F64) -> None:
+                    act_rem: F64, act_rate: F64, users: I64, slot: I64, copies: I64,
+                    state: F64) -> None:
     """Task `t` enters its transfer phase now with all its bytes left."""
     _drain(state, act_rem, act_rate, now)
     k = int(state[ST_ACTIVE])
@@ -240,7 +242,8 @@ def _start_transfer(t: int, now: float, comm: F64, link_ptr: I64, link_idx: I64,
     act_rate[k] = 0.0
     state[ST_ACTIVE] = k + 1
     for j in range(link_ptr[t], link_ptr[t + 1]):
-        users[link_idx[j]] += 1
+        link = link_idx[j]
+        users[slot[link]] += copies[link]
     state[ST_DIRTY] = 1.0
 
 
@@ -274,7 +277,7 @@ def _make_advance(sharing: bool) -> Callable[..., None]:
     def advance(
         duration: F64, comm: F64, member_ptr: I64, member_queue: I64, member_pos: I64,
         queue_ptr: I64, queue_task: I64, succ_ptr: I64, succ_idx: I64, link_ptr: I64,
-        link_idx: I64, bandwidth: F64, wait: I64, start: F64, end: F64, heap_time: F64,
+        link_idx: I64, bandwidth: F64, slot: I64, copies: I64, wait: I64, start: F64, end: F64, heap_time: F64,
         heap_task: I64, act_task: I64, act_rem: F64, act_rate: F64, users: I64, stack: I64,
         done_buf: I64, state: F64, role: I64, member_rank: I64, phi: F64, sm_busy: I64,
         sm_task: I64, work_left: F64, work_since: F64, work_rate: F64, fixed_end: F64,
@@ -327,7 +330,7 @@ def _make_advance(sharing: bool) -> Callable[..., None]:
                     # as a helper taking 20 arrays: that call made every event ~15x slower).
                     if comm[t] > 0:
                         _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem,
-                                        act_rate, users, state)
+                                        act_rate, users, slot, copies, state)
                     else:
                         _end_task(t, now, member_ptr, member_queue, member_pos, queue_ptr,
                                   queue_task, succ_ptr, succ_idx, wait, end, stack, state)
@@ -348,7 +351,8 @@ def _make_advance(sharing: bool) -> Callable[..., None]:
             if state[ST_DIRTY] > 0 and next_fixed != now:
                 # Replan once per instant: with more fixed-part ends at this instant still to come,
                 # the rates only matter once time moves.
-                _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandwidth)
+                _replan(state, act_task, act_rem, act_rate, users, link_ptr, link_idx, bandwidth,
+                        slot, copies)
             wake = state[ST_WAKE] if state[ST_DIRTY] == 0 else math.inf
             if next_fixed == math.inf and wake == math.inf:
                 break
@@ -368,7 +372,8 @@ def _make_advance(sharing: bool) -> Callable[..., None]:
                         done_buf[done] = t
                         done += 1
                         for j in range(link_ptr[t], link_ptr[t + 1]):
-                            users[link_idx[j]] -= 1
+                            link = link_idx[j]
+                            users[slot[link]] -= copies[link]
                         continue
                     if elapsed > 0:
                         rem -= rate * elapsed
@@ -400,7 +405,7 @@ def _make_advance(sharing: bool) -> Callable[..., None]:
                             sm_task[member_rank[m]] = -1
                 if comm[t] > 0:  # its fixed part is over: transfer, or end
                     _start_transfer(t, now, comm, link_ptr, link_idx, act_task, act_rem, act_rate,
-                                    users, state)
+                                    users, slot, copies, state)
                 else:
                     _end_task(t, now, member_ptr, member_queue, member_pos, queue_ptr, queue_task,
                               succ_ptr, succ_idx, wait, end, stack, state)

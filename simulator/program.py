@@ -22,6 +22,14 @@ Semantics
   next completion time is `t_update + remaining / rate`; at that instant every transfer whose own
   `t_update + remaining / rate` is at or below it ends together. A lone transfer thus takes
   `comm_bytes / min bandwidth`; two identical ones sharing a link take twice as long.
+* **Shared links of folded programs.** A folded task stands for n identical copies; where n of
+  them cross one physical link l, the task crosses the link id ``l/n`` (`shared_link_id`) with
+  bandwidth_l / n. Every id ``l/n`` is the same physical link l: its users are counted in
+  copies, so a transferring task's share of ``l/n`` is `bandwidth_l / W_l`, with W_l the copies
+  of every task transferring over l whatever its n (engines compute it as
+  `bandwidth_{l/n} / (W_l / n)`, which is `bandwidth_{l/n} / users` when all share one n).
+  Without it a folded tp all-reduce (on l) and a dp all-reduce (on l/2) would never contend,
+  though their unfolded copies do.
 * **SM sharing.** An NCCL collective kernel holds some of its GPU's SMs (one CTA per channel)
   for as long as it runs, and a GEMM running beside it has only the rest. A task *occupies SMs*
   when its kind is in `sm_comm_kinds` and it is not zero-length (duration or bytes > 0); it
@@ -112,6 +120,44 @@ SM_SHARED_STREAM = "compute"
 #: Values of `sm_roles`: a task that neither occupies nor is slowed, one that occupies SMs, one
 #: that is slowed.
 SM_NONE, SM_OCCUPIES, SM_SLOWED = 0, 1, 2
+
+
+def shared_link_id(link: str, copies: int) -> str:
+    """The link id a folded task uses where `copies` of its copies cross physical `link`."""
+    return link if copies <= 1 else f"{link}/{copies}"
+
+
+def physical_link(link_id: str) -> tuple[str, int]:
+    """(physical link, copies) of a link id written by `shared_link_id`."""
+    head, sep, tail = link_id.rpartition("/")
+    if sep and tail.isdigit() and int(tail) >= 1:
+        return head, int(tail)
+    return link_id, 1
+
+
+def link_slots(link_names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per link code: the index of its physical link (codes of one physical link share it, in
+    first-appearance order) and its copies n, for the engines' user counts (shared links)."""
+    slots: dict[str, int] = {}
+    slot = np.empty(len(link_names), dtype=np.int64)
+    copies = np.empty(len(link_names), dtype=np.int64)
+    for i, name in enumerate(link_names):
+        phys, n = physical_link(name)
+        slot[i] = slots.setdefault(phys, len(slots))
+        copies[i] = n
+    return slot, copies
+
+
+def _check_shared_links(bandwidth: Mapping[str, float]) -> None:
+    """The ids of one physical link must agree on its bandwidth (n × that of ``l/n``)."""
+    seen: dict[str, tuple[str, float]] = {}
+    for link, bw in bandwidth.items():
+        phys, n = physical_link(link)
+        first = seen.setdefault(phys, (link, bw * n))
+        if not math.isclose(first[1], bw * n, rel_tol=1e-9):
+            raise SimulationError(
+                f"program: link_bandwidth_bytes_per_s[{link!r}]={bw!r} disagrees with "
+                f"{first[0]!r}: ids l/n of one physical link l carry bandwidth_l / n")
 
 
 def _per_rank(
@@ -220,6 +266,7 @@ class Program:
                 raise SimulationError(
                     f"program: link_bandwidth_bytes_per_s[{link!r}]={bandwidth!r} must be > 0"
                 )
+        _check_shared_links(self.link_bandwidth_bytes_per_s)
         n = self.num_ranks
         set_ = object.__setattr__
         set_(
@@ -484,6 +531,10 @@ class FrozenProgram:
     link_ptr: np.ndarray
     link_idx: np.ndarray
     link_bandwidth_bytes_per_s: np.ndarray
+    link_slot: np.ndarray
+    """Per link code: its physical link's index (`link_slots`: shared links)."""
+    link_copies: np.ndarray
+    """Per link code: the copies n of a shared link id ``l/n`` (1 for a plain link)."""
     queue_ptr: np.ndarray
     queue_task: np.ndarray
     queue_rank: np.ndarray
@@ -507,6 +558,7 @@ class FrozenProgram:
         link_names = tuple(sorted(program.link_bandwidth_bytes_per_s))
         link_code = {name: i for i, name in enumerate(link_names)}
         remap = np.array([link_code[name] for name in table.link_names], dtype=np.int32)
+        slot, copies = link_slots(link_names)
         # The table's columns are shared, not copied: neither a TaskTable nor a FrozenProgram
         # is written after it is built (copying them was a tenth of a second at 1.2 M tasks).
         link_ptr = table.link_ptr
@@ -553,6 +605,8 @@ class FrozenProgram:
             link_bandwidth_bytes_per_s=np.array(
                 [program.link_bandwidth_bytes_per_s[name] for name in link_names], np.float64
             ),
+            link_slot=slot,
+            link_copies=copies,
             queue_ptr=queue_ptr,
             queue_task=queue_task,
             queue_rank=(queue_keys // num_streams).astype(np.int32),

@@ -108,8 +108,8 @@ def test_same_plan_gives_byte_identical_outputs(case) -> None:
 def test_folded_equals_unfolded_on_a_homogeneous_node(case) -> None:
     """On one node of one GPU type every tensor-parallel group and data-parallel replica is
     identical and loads its links like every other, so folding them keeps the iteration time
-    (to 1e-9 relative). (Across nodes, a folded task meeting a *different* folded collective on
-    a shared NIC shares it per task rather than per copy — see workloads/lowering/comm.py.)"""
+    (to 1e-9 relative). (Across nodes, folded collectives meeting on a NIC share it per copy,
+    program.py's shared links: tests/simulator/test_shared_links.py.)"""
     model, cluster, plan = case
     folded = run_simpy(lower(model, cluster, plan))
     unfolded = run_simpy(lower(model, cluster, plan, LoweringOptions(fold=False)))

@@ -55,6 +55,7 @@ from trainsim.hwmodels.cluster import Cluster
 from trainsim.hwmodels.collectives import CollectiveModels, collective_models, link_class
 from trainsim.hwmodels.topology import Link, link_id_of, link_parts
 from trainsim.simulator.collectives import CommPhase, plan_collective
+from trainsim.simulator.program import shared_link_id
 from trainsim.simulator.task_table import TaskTableBuilder
 from trainsim.workloads.lowering.layout import LoweringLayout
 
@@ -430,8 +431,8 @@ class CommLowering:
         """(latency, bytes per link, (link id, bandwidth) of each link) of each task `tasks`
         creates: lowering asks for the same collective on the same groups once per
         micro-batch, and a planner's lowerings for it again, so it is cached (`template`).
-        A link crossed by n of the concurrent `copies` is the virtual ``<id>/<n>`` with 1/n
-        of its bandwidth."""
+        A link crossed by n of the concurrent `copies` is the shared id ``<id>/<n>`` with 1/n
+        of its bandwidth, its users counted in copies on the physical link (program.py)."""
         out = []
         group = copies[0]
         phases = [ph for k, size in needs if size > 0 for ph in self.phases(k, group, size)] \
@@ -442,7 +443,7 @@ class CommLowering:
             for link in merged.links if merged.bytes_per_link > 0 else ():
                 n = load.get(link, 1)
                 bandwidth = self.topology.link(link).bandwidth_bytes_per_s
-                links.append((link if n <= 1 else f"{link}/{n}", bandwidth / n))
+                links.append((shared_link_id(link, n), bandwidth / n))
             out.append((merged.latency_s, merged.bytes_per_link if links else 0.0,
                         tuple(links)))
         return tuple(out)
