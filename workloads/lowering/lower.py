@@ -29,7 +29,8 @@ a mixed one each replica runs at its own GPUs' speed while the gradient reductio
 over the stage's ranks — starts when the slowest is ready. A folded collective keeps its real
 links; where N folded copies would cross one link at once (the tp groups' data-parallel
 all-reduces through one NIC), it crosses that link as ``<id>/N`` with 1/N of its bandwidth, so
-alone it takes exactly as long as the N concurrent copies would. On nodes whose GPUs are not
+alone it takes exactly as long as the N concurrent copies would, and beside other tasks on that
+link it gets N shares (program.py: shared links are counted in copies). On nodes whose GPUs are not
 wired alike (`node_symmetric` false: the DGX-1 hybrid cube-mesh, bridged A40 pairs) groups of
 one replica class can sit on links of different widths, and the folded collective takes the
 first group's links for all: an approximation. `python bench/folding.py` (GPT-3 1.3B, every
