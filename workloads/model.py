@@ -478,5 +478,21 @@ _BUILDERS: dict[str, Callable[..., tuple[Layer, ...]]] = {
     "moe": build_moe, "wresnet": build_wide_resnet}
 """Layer builder of each family (FAMILIES)."""
 
+def trained_in(spec: ModelSpec, dtype: str) -> ModelSpec:
+    """`spec` with its activations in a plan's precision `dtype`: the ops size activations,
+    tensor-parallel and pipeline messages by `spec.dtype_bytes`, so an fp32 plan of an fp16
+    model file (or an fp16 plan of an fp32 one) must build its graph in the plan's bytes. The
+    same object when the bytes agree, and one object per (model, dtype) otherwise, so caches
+    keyed by the model's identity (lowering/cache.py) keep serving it."""
+    if DTYPE_BYTES[dtype] == spec.dtype_bytes:
+        return spec
+    return _with_dtype(spec, dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def _with_dtype(spec: ModelSpec, dtype: str) -> ModelSpec:
+    return dataclasses.replace(spec, dtype=dtype)
+
+
 __all__ = ["ACTIVATIONS", "ATTENTION_KERNELS", "DTYPE_BYTES", "FAMILIES", "FP8_RECIPES", "NORMS", "POSITION_EMBEDDINGS",
-           "TOKEN_ID_BYTES", "Layer", "LayerCosts", "ModelGraph", "ModelSpec", "build_graph"]
+           "TOKEN_ID_BYTES", "Layer", "LayerCosts", "ModelGraph", "ModelSpec", "build_graph", "trained_in"]

@@ -19,7 +19,7 @@ import numpy as np
 from trainsim.hwmodels.cluster import Cluster
 from trainsim.hwmodels.gpus import GpuSpec
 from trainsim.hwmodels.opcost import OpCostModel, RooflineCostModel
-from trainsim.workloads.model import ModelSpec, build_graph
+from trainsim.workloads.model import ModelSpec, build_graph, trained_in
 from trainsim.workloads.stage_costs import instruction_costs, state_bytes_per_param
 
 
@@ -74,6 +74,7 @@ class BlockCostTable:
     def __init__(self, model: ModelSpec, cluster: Cluster, *, dtype: str = "fp16",
                  cost_model: OpCostModel | None = None, seq_len: int | None = None,
                  embedding_and_head: bool = True) -> None:
+        model = trained_in(model, dtype)  # activations in the plans' bytes, as the lowering
         self.model, self.cluster, self.dtype = model, cluster, dtype
         self.cost_model = cost_model if cost_model is not None else RooflineCostModel()
         self.seq_len = seq_len

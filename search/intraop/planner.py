@@ -28,7 +28,7 @@ from trainsim.search.intraop.megatron import megatron_plan
 from trainsim.search.intraop.problem import Problem, build_problem
 from trainsim.search.intraop.program import lower_nodes, lower_plan, program_time_s
 from trainsim.simulator.program import Program
-from trainsim.workloads.model import ModelSpec, build_graph
+from trainsim.workloads.model import ModelSpec, build_graph, trained_in
 from trainsim.workloads.sharding.graph import SpmdGraph, build_spmd_graph
 from trainsim.workloads.sharding.mesh import DeviceMesh, parse_mesh
 from trainsim.workloads.sharding.plan import ShardingPlan, grad_sync, saved_bytes
@@ -149,7 +149,8 @@ def resolve_inputs(model: str | ModelSpec, cluster: str | Cluster, global_batch:
         else float(cl.gpu(0).memory_bytes)
     if limit <= 0:
         raise SpecError(f"--memory-limit-gb {memory_limit_gb} must be > 0")
-    return spec, cl, the_mesh, dtype or spec.dtype, limit
+    dtype = dtype or spec.dtype
+    return trained_in(spec, dtype), cl, the_mesh, dtype, limit  # activations in its bytes
 
 
 def plan_from_choice(graph: SpmdGraph, mesh: DeviceMesh, blocks: list[Block],

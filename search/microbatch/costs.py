@@ -34,7 +34,7 @@ from numpy.typing import ArrayLike
 from trainsim.hwmodels.gpus import GpuSpec
 from trainsim.hwmodels.opcost import OpCostModel, RooflineCostModel
 from trainsim.workloads.lowering.layout import partition_layers
-from trainsim.workloads.model import ModelSpec, build_graph
+from trainsim.workloads.model import ModelSpec, build_graph, trained_in
 from trainsim.workloads.plan import uniform_split
 from trainsim.workloads.stage_costs import instruction_costs, state_bytes_per_param
 
@@ -78,6 +78,7 @@ class MicroBatchCosts:
         self.sp = sp
         """Sequence parallelism (tp > 1): the activations the plans keep, as the lowering."""
         self.dtype = dtype or ("bf16" if model.dtype == "bf16" else "fp16")
+        model = self.model = trained_in(model, self.dtype)  # the plans' bytes, as the lowering
         self.cost_model = cost_model or RooflineCostModel()
         self.encoder_decoder = model.family == "t5"
         self.s_grid = np.unique(pad(np.geomspace(PAD, max(max_len, PAD), 14).astype(int)))

@@ -20,7 +20,7 @@ from trainsim.simulator.actions import Action, infer_stage_to_rank
 from trainsim.simulator.schedules import explicit, get_schedule
 from trainsim.workloads.lowering.cache import LoweringCache
 from trainsim.workloads.lowering.options import DEFAULT_OPTIONS, LoweringOptions
-from trainsim.workloads.model import Layer, ModelGraph, ModelSpec, build_graph
+from trainsim.workloads.model import Layer, ModelGraph, ModelSpec, build_graph, trained_in
 from trainsim.workloads.op_parallel import stage_op_degrees
 from trainsim.workloads.op_work import InstructionCosts, Work
 from trainsim.workloads.plan import MicroBatch, ParallelPlan
@@ -92,6 +92,7 @@ def stage_layout(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
         cache: Shared with the lowerings of the same model, cluster and options (cache.py).
     """
     plan.check(model, cluster)
+    model = trained_in(model, plan.dtype)
     opt = options or DEFAULT_OPTIONS
     if plan.cp > 1:  # what `lower` runs: dp·cp replicas of seq/cp tokens, no shared cache
         model, plan = context_parallel_inner(model, cluster, plan)

@@ -98,7 +98,7 @@ from trainsim.workloads.lowering.stamp import (
     stamp_tuples,
 )
 from trainsim.workloads.lowering.stamp_units import stamp_units
-from trainsim.workloads.model import ModelSpec
+from trainsim.workloads.model import ModelSpec, trained_in
 from trainsim.workloads.op_work import InstructionCosts, Work
 from trainsim.workloads.ops import CommNeed
 from trainsim.workloads.plan import ParallelPlan
@@ -171,6 +171,7 @@ def lower(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
     same options (cache.py), and turns on instruction tapes (replay.py); the Program is the
     same with or without it (tests/workloads/test_lowering_cache.py)."""
     plan.check(model, cluster)
+    model = trained_in(model, plan.dtype)
     opt = options or DEFAULT_OPTIONS
     if plan.cp > 1:
         return _context_parallel(model, cluster, plan, opt)
