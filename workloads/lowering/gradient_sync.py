@@ -82,6 +82,11 @@ class GradientSync:
         prefetch bucket): at most about two layers' gathered weights are resident at once, never
         more than the stage's. The shard a rank owns is already in its static memory; so are
         parameters kept gathered for the whole step (`keeps_gathered`), hence 0 then.
+
+        The pass's first compute task allocates them and its last frees them (lower.py), not
+        the gather: the next pass's first gather is prefetched while this pass computes, and
+        allocating at the gather would hold two passes' buffers (about four layers) through
+        every pass, where FSDP holds the layer computing and the one prefetched.
         """
         if self.keeps_gathered():
             return 0.0
@@ -126,8 +131,7 @@ class GradientSync:
         first = cross_unit(self.comm, layout, phys, layout.dp_groups(phys),
                            [("all_gather", head)],
                            name=b.name_template(f"s{a.stage}.{a.stage}{a.kind}%d.gather"),
-                           arg=a.micro_batch, last=prefetch,
-                           alloc_bytes=self.zero3_bytes(phys, c), **common)
+                           arg=a.micro_batch, last=prefetch, **common)
         if size - head <= 0:
             return first, {u: [] for u in first}
         rest = cross_unit(self.comm, layout, phys, layout.dp_groups(phys),
@@ -135,6 +139,50 @@ class GradientSync:
                           name=b.name_template(f"s{a.stage}.{a.stage}{a.kind}%d.gather.rest"),
                           arg=a.micro_batch, last=first, **common)
         return first, rest
+
+    def param_bucket_bytes(self, phys: int) -> float:
+        """Bytes of the first parameter bucket an overlapped ZeRO-1/2 all-gather exposes after
+        the optimizer step (`PARAM_BUCKET_PARAMS`), never more than the stage's."""
+        size = self.layout.local_params(phys) * optimizer_bytes_per_param(self.plan.dtype)[0]
+        bucket = max(PARAM_BUCKET_PARAMS, PARAM_BUCKET_PARAMS_PER_RANK * self.plan.dp_of_stage(phys))
+        return min(size, bucket * optimizer_bytes_per_param(self.plan.dtype)[0])
+
+    def gathers_params_at(self, a: Action) -> bool:
+        """Whether pass `a` carries an overlapped ZeRO-1/2 parameter gather (the first forward
+        of its stage: `overlapped_param_gather`), so it is emitted plainly, not from a tape."""
+        plan = self.plan
+        return plan.zero in (1, 2) and plan.overlap_param_gather and a.kind == "F" \
+            and a.stage not in self._gathered and self.opt.communication
+
+    def overlapped_param_gather(self, a: Action, phys: int, c: InstructionCosts, meta: Meta
+                                ) -> dict[int, list[int]] | None:
+        """ZeRO-1/2 with `overlap_param_gather` (Megatron-Core's distributed optimizer): after
+        the step only the first bucket's all-gather is waited for (`optimizer_step`); the
+        others are launched bucket by bucket as the next step's forward reaches them, so the
+        first forward of every (virtual) stage cannot end before its parameters have arrived.
+        In the steady state this step's first forward carries the previous step's gather: it is
+        emitted here on the dp stream from the iteration's start, and the pass's successors (its
+        send, the next pass) also wait for it. A forward shorter than the gather exposes the
+        difference, as on the real system (it saw only the first bucket before). Returns what
+        the successors wait for per unit, or None (not this pass, or nothing to gather)."""
+        plan, layout = self.plan, self.layout
+        if plan.zero not in (1, 2) or not plan.overlap_param_gather or a.kind != "F" \
+                or plan.dp_of_stage(phys) < 2 or not self.opt.communication \
+                or a.stage in self._gathered:
+            return None
+        self._gathered.add(a.stage)
+        size = c.params * optimizer_bytes_per_param(plan.dtype)[0]
+        first = min(v for v in range(plan.num_stages) if layout.phys_stage(v) == phys)
+        if a.stage == first:  # its first bucket was gathered right after the step
+            size -= self.param_bucket_bytes(phys)
+        if size <= 0:
+            return None
+        b = self.b
+        return cross_unit(self.comm, layout, phys, layout.dp_groups(phys), [("all_gather", size)],
+                          name=b.name_template(f"s{a.stage}.params.all_gather.rest"),
+                          arg=-1, kind=b.kind("all_gather"), stream=b.stream("dp"),
+                          last={u: [] for u in range(len(layout.units(phys)))}, meta=meta,
+                          key=("dp", phys))
 
     def buckets(self, c: InstructionCosts) -> int:
         """Gradient buckets of a stage (bucket size from the options, 1..16); one, reduced
@@ -296,7 +344,7 @@ class GradientSync:
         1/dp shard and the shards are all-gathered (ZeRO-3 keeps the parameters sharded and
         gathers them before each pass instead). With `overlap_param_gather` only the first
         bucket's gather (`PARAM_BUCKET_PARAMS`) is waited for: the others run behind the next
-        step's forward, whose links and SMs they share (that contention is not modelled)."""
+        step's forward (`overlapped_param_gather`)."""
         plan, b, layout = self.plan, self.b, self.layout
         step: dict[int, int] = {}
         name, kind = b.name_template("optimizer"), b.kind("optimizer")
@@ -322,10 +370,8 @@ class GradientSync:
             if plan.dp_of_stage(s) < 2:
                 continue
             size = layout.local_params(s) * w_bytes
-            if plan.overlap_param_gather:  # the rest runs behind the next step's forward
-                bucket = max(PARAM_BUCKET_PARAMS,
-                             PARAM_BUCKET_PARAMS_PER_RANK * plan.dp_of_stage(s))
-                size = min(size, bucket * w_bytes)
+            if plan.overlap_param_gather:  # the rest: behind the forward (overlapped_param_gather)
+                size = self.param_bucket_bytes(s)
             groups = layout.dp_groups(s)
             calls = ([(layout.stage_prog_ranks(s), groups)] if layout.fold
                      else [(g, [g]) for g in groups])

@@ -513,7 +513,7 @@ class _Lowering:
         blk = self._blocks.get(bkey)
         if blk is None:
             blk = self._blocks[bkey] = self._block(a, phys, c, final_kind, n, freq, group)
-        if self.tapes and self.plan.zero < 3:
+        if self.tapes and self.plan.zero < 3 and not self.sync.gathers_params_at(a):
             if bkey in self._tapes:
                 tape = self._tapes[bkey]
                 if tape is not None:
@@ -668,15 +668,19 @@ class _Lowering:
                     else list(done[(k, "F", j, u)])
         gathered = (self.sync.zero3_gather(a, phys, c, meta, self.history)
                     if self.plan.zero >= 3 else None)
+        param_rest = self.sync.overlapped_param_gather(a, phys, c, meta)
+        # the gathered parameters: held from the pass's first compute task to its last
+        gather_alloc = 0.0
         if gathered is not None:
             last = {u: sorted(set(last[u]) | set(gathered[0][u])) for u in last}
+            gather_alloc = self.sync.zero3_bytes(phys, c)
         patch = self.patch
         if blk.recompute is not None:
             r = blk.recompute
             for i, u in enumerate(uids):
                 deps = tuple(last[u])
                 rids = [add(r.name, j, r.kind, self.compute_stream, (p,), t, 0.0, (),
-                            deps, r.alloc, 0.0, pw, f, j, k, meta[2], meta[3])
+                            deps, r.alloc + gather_alloc, 0.0, pw, f, j, k, meta[2], meta[3])
                         for p, f, t, pw in zip(blk.units[i][0], blk.freqs[i], r.times[i],
                                                r.powers[i])]
                 self._note_compute(blk.units[i][0], rids)
@@ -687,6 +691,7 @@ class _Lowering:
                     tp = r.tp[i]
                     last[u] = (emit(tp, rids, j, meta)[-1:] or rids) if tp is not None else rids
             waits = []
+            gather_alloc = 0.0  # allocated by the recompute
             last = self._ep_tasks(c.recompute_ep_comm, phys, f"s{k}.R%d", j, last, meta)
         m = blk.main
         for i, u in enumerate(uids):
@@ -699,7 +704,7 @@ class _Lowering:
             ids: list[int] = last[u]
             for bucket in range(n):
                 deps = tuple(ids)
-                alloc = m.alloc if bucket == 0 else 0.0
+                alloc = m.alloc + gather_alloc if bucket == 0 else 0.0
                 fr = free if bucket == n - 1 else 0.0
                 ids = [add(m.names[bucket], j, m.kind, self.compute_stream, (p,), t, 0.0,
                            (), deps, alloc, fr, pw, f, j, k, meta[2], meta[3])
@@ -721,6 +726,8 @@ class _Lowering:
             last = self._ep_tasks(blk.ep_needs, phys, f"s{k}.{a.kind}%d", j, last, meta)
         if gathered is not None:  # the layers gathered behind the compute end the pass too
             last = {u: sorted(set(last[u]) | set(gathered[1][u])) for u in last}
+        if param_rest is not None:  # so do the previous step's parameters (ZeRO-1/2)
+            last = {u: sorted(set(last[u]) | set(param_rest[u])) for u in last}
         done = self.done
         recv = self.recv
         send = blk.send
