@@ -258,35 +258,56 @@ class GradientSync:
                       for i in layout.stage_layers[k]]
             size = shared_params(layers, plan.tp_of_stage(head)) * self.reduce_bytes
             if size > 0:
-                self._tied_all_reduce(first, head, size, last_compute)
+                self._tied_all_reduce((first, head), size, last_compute)
 
-    def _tied_all_reduce(self, first: int, head: int, size: float,
+    def _tied_all_reduce(self, stages: tuple[int, ...], size: float,
                          last_compute: dict[int, int]) -> None:
-        """`tied_sync`'s all-reduces of `size` bytes between stages `first` and `head`: one
-        task per pair of program ranks, standing for the GPU pairs they represent."""
+        """`tied_sync`'s all-reduces of `size` bytes over one GPU of each of `stages` (GPU i
+        of each when they are of one size): one task per group of program ranks, standing
+        for the GPU groups they represent.
+
+        Stages of different sizes (`stage_gpus`) are grouped round-robin, so every copy is
+        reduced; a GPU in several groups runs them one round after another, and each GPU's
+        rounds wait only for its own previous ones, so the GPUs' chains run side by side
+        (the smaller stage's GPUs each with its own run of the larger stage's). Folded, a
+        program rank's rounds stand for the slowest chain, each round timed on its links
+        shared with the round's other groups (`CommLowering.copy_times`): a chain over NVLink
+        and one across nodes do not wait for each other's rounds, and the optimizer steps
+        wait for the last."""
         layout, b = self.layout, self.b
         prog_of = {g: p for p, gpus in enumerate(layout.represents) for g in gpus}
-        # stages of different sizes pair round-robin, so every copy is reduced; a GPU in
-        # several pairs runs them one round after another (folded or not alike)
-        pairs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
-        src, dst = layout.stage_gpu_ranks[first], layout.stage_gpu_ranks[head]
-        n = max(len(src), len(dst))
+        ranks = [layout.stage_gpu_ranks[s] for s in stages]
+        n = max(len(r) for r in ranks)
         seen: dict[int, int] = {}
+        by_prog: dict[tuple[int, ...], dict[int, list[tuple[int, ...]]]] = {}
         for i in range(n):
-            e, h = src[i * len(src) // n], dst[i * len(dst) // n]
-            rnd = max(seen.get(e, 0), seen.get(h, 0))
-            seen[e], seen[h] = rnd + 1, rnd + 1
-            pairs.setdefault((rnd, prog_of[e], prog_of[h]), []).append((e, h))
-        pairs = dict(sorted(pairs.items()))
-        name, kind, stream = (b.name_template("embedding.all_reduce"), b.kind("all_reduce"),
-                              b.stream("dp"))
-        for (_, *ranks), copies in pairs.items():
-            prog = tuple(ranks)
+            group = tuple(r[i * len(r) // n] for r in ranks)
+            rnd = max(seen.get(g, 0) for g in group)
+            for g in group:
+                seen[g] = rnd + 1
+            prog = tuple(prog_of[g] for g in group)
+            by_prog.setdefault(prog, {}).setdefault(rnd, []).append(group)
+        need = [("all_reduce", size)]
+        calls: list[tuple[int, tuple[int, ...], list[tuple[int, ...]]]] = []
+        for prog, rounds in by_prog.items():
+            chain: dict[int, float] = {}  # each GPU's rounds, their time added up
+            for copies in rounds.values():
+                for group, t in zip(copies, self.comm.copy_times(need, copies), strict=True):
+                    for g in group:
+                        chain[g] = chain.get(g, 0.0) + t
+            slowest = max(chain, key=chain.__getitem__)  # the first of equal chains
+            for rnd, copies in rounds.items():
+                mine = [g for g in copies if slowest in g]
+                if mine:
+                    calls.append((rnd, prog, mine + [g for g in copies if g != mine[0]]))
+        stream = b.stream("dp")
+        name, kind = b.name_template("embedding.all_reduce"), b.kind("all_reduce")
+        for _, prog, copies in sorted(calls):
             deps = sorted({d for p in prog for d in self.dp_tail.get(p, [])}
                           | {last_compute[p] for p in prog if p in last_compute})
-            ids = self.comm.tasks([("all_reduce", size)], name=name, arg=-1, kind=kind,
-                                  stream=stream, prog_ranks=prog, copies=copies, deps=deps,
-                                  meta=(-1, head, -1, -1))
+            ids = self.comm.tasks(need, name=name, arg=-1, kind=kind, stream=stream,
+                                  prog_ranks=prog, copies=copies, deps=deps,
+                                  meta=(-1, stages[-1], -1, -1))
             for p in prog:
                 self.dp_tail.setdefault(p, []).extend(ids[-1:])
 
