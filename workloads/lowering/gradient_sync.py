@@ -238,12 +238,13 @@ class GradientSync:
         (`_allreduce_word_embedding_grads` in Megatron-LM's finalize_model_grads). Both steps
         wait for it; it is exposed, after the last backward. Stages of different GPU counts
         (`stage_gpus`) pair their GPUs round-robin, as the stage-boundary transfers do, so
-        every copy is reduced. Approximations: the bytes are the head's stage's copy (the two
-        stages' tp may differ); they are the whole copy, as Megatron's distributed optimizer
-        (ZeRO-1) reduces it, also under ZeRO-2/3, where a 1/dp shard would do. A T5 stage
-        running the decoder's embedding (which reads the encoder's table) keeps a copy too and
-        is reduced with the first stage (Megatron-LM's split rank is in the group), one pair
-        per copy rather than one all-reduce over the three stages."""
+        every copy is reduced. A T5 stage running the decoder's embedding (which reads the
+        encoder's table) keeps a copy too, and Megatron-LM's embedding group holds the first
+        rank, the split rank (the decoder's first stage) and the last: one all-reduce over
+        every stage holding a copy, not one per copy with the first stage. Approximations:
+        the bytes are the largest copy's (the stages' tp may differ); they are the whole copy,
+        as Megatron's distributed optimizer (ZeRO-1) reduces it, also under ZeRO-2/3, where a
+        1/dp shard would do."""
         plan, layout = self.plan, self.layout
         if plan.pp < 2 or not self.opt.communication:
             return
@@ -251,14 +252,18 @@ class GradientSync:
         if first is None:
             return
         graph = layout.graph(layout.micro_batches[0])
-        for head in range(plan.pp):
-            if layout.holds_embedding(head):  # no copy there (`holds_embedding`)
+        copies, size = [], 0.0
+        for stage in range(plan.pp):
+            if layout.holds_embedding(stage):  # no copy there (`holds_embedding`)
                 continue
-            layers = [graph.layers[i] for k in layout.stage_layers_idx(head)
+            layers = [graph.layers[i] for k in layout.stage_layers_idx(stage)
                       for i in layout.stage_layers[k]]
-            size = shared_params(layers, plan.tp_of_stage(head)) * self.reduce_bytes
-            if size > 0:
-                self._tied_all_reduce((first, head), size, last_compute)
+            copy = shared_params(layers, plan.tp_of_stage(stage)) * self.reduce_bytes
+            if copy > 0:
+                copies.append(stage)
+                size = max(size, copy)
+        if copies:
+            self._tied_all_reduce((first, *copies), size, last_compute)
 
     def _tied_all_reduce(self, stages: tuple[int, ...], size: float,
                          last_compute: dict[int, int]) -> None:
