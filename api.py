@@ -38,7 +38,7 @@ from trainsim.search.aceso.profile import aceso_lowering_options
 from trainsim.search.energy.outputs import PLAN_FILES
 from trainsim.search.exports import search_output_files
 from trainsim.search.hetero.objectives import with_prices
-from trainsim.search.methods import get_planner
+from trainsim.search.methods import EVALUATION_BUDGET_METHODS, get_planner
 from trainsim.search.microbatch.planner import METHODS as MICROBATCH_METHODS
 from trainsim.search.microbatch.planner import MethodResult, MicroBatchPlanner
 from trainsim.search.oracle import Oracle
@@ -531,7 +531,7 @@ def search(model: str | ModelSpec, cluster: str | Cluster, *, global_batch: int,
            objective: str = "throughput", top: int = 5, engine: str = "numba",
            prices: Mapping[str, float] | None = None,
            on_record: Callable[[SearchRecord], None] | None = None,
-           framework: str | None = None) -> SearchResult:
+           framework: str | None = None, max_evals: int | None = None) -> SearchResult:
     """Search parallel plans for `model` on `cluster` with a planner (`grid`: Megatron-LM's
     uniform grid; `aceso`: iterative bottleneck alleviation), every candidate scored by the
     Oracle (lowered program + engine). Ctrl-C returns the best so far.
@@ -548,8 +548,18 @@ def search(model: str | ModelSpec, cluster: str | Cluster, *, global_batch: int,
         framework: Plan for this stack (workloads/data/frameworks.yaml): the model as it
             trains it (memory, kernels, gradient reduction) and its plan defaults in every
             candidate (`FrameworkProfile.plan_defaults`); None: the model as it is.
+        max_evals: Oracle evaluations at most (hetero, fasop, uniform: their planner's
+            `max_evals`; None keeps its default); the search stops at whichever budget runs
+            out first. Counted, not timed: the same search evaluates the same plans on any
+            machine, however loaded.
     """
-    planner = get_planner(method)
+    if max_evals is None:
+        planner = get_planner(method)
+    elif method in EVALUATION_BUDGET_METHODS:
+        planner = get_planner(method, max_evals=max_evals)
+    else:
+        raise SpecError(f"--max-evals applies to {', '.join(EVALUATION_BUDGET_METHODS)}; "
+                        f"--method {method} is bounded by --time-budget-s only")
     spec = stack_model(model, framework)
     file_profile = profile if profile is not None and Path(profile).is_file() else None
     hw = with_prices(load_cluster(cluster, profile=file_profile), prices or {})

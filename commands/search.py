@@ -24,7 +24,7 @@ from trainsim.commands.output import check_out_dir, dumps, user_errors
 from trainsim.errors import SpecError, unknown_name
 from trainsim.search.exports import SEARCH_OUTPUT_FILES
 from trainsim.search.hetero.objectives import check_limits, limit_miss, parse_prices, run_totals
-from trainsim.search.methods import PLANNERS
+from trainsim.search.methods import EVALUATION_BUDGET_METHODS, PLANNERS
 from trainsim.search.planner import SearchRecord, SearchResult
 from trainsim.workloads.framework import get_framework
 from trainsim.workloads.plan import ParallelPlan
@@ -40,6 +40,10 @@ _BATCH = typer.Option(..., "--global-batch", help="Samples per iteration.")
 _MEM = typer.Option(None, "--memory-limit-gb", help="Per-GPU memory limit in GB (10^9 bytes); "
                     "the device memory when omitted.")
 _BUDGET = typer.Option(60.0, "--time-budget-s", help="Search time budget (s).")
+_MAX_EVALS = typer.Option(None, "--max-evals", help="hetero, fasop, uniform: stop after this "
+                          "many plans run (default 1000), or at --time-budget-s if sooner. "
+                          "Counted, not timed: the same search runs the same plans on any "
+                          "machine.")
 _PROFILE = typer.Option(None, "--profile", help="Op profile: an Aceso profiled-time-* folder or "
                         "a trainsim profile database CSV (default: roofline).")
 _OBJ = typer.Option("throughput", "--objective", help="throughput, cost or energy.")
@@ -73,6 +77,7 @@ def search_command(
     as_json: bool = _JSON, price: list[str] | None = _PRICE, tokens: float | None = _TOKENS,
     budget_usd: float | None = _BUDGET_USD, deadline_days: float | None = _DEADLINE,
     mesh: str | None = _MESH, framework: str | None = _FRAMEWORK,
+    max_evals: int | None = _MAX_EVALS,
 ) -> None:
     """Search parallel plans for MODEL on CLUSTER and print the best ones."""
     if method not in INTRAOP_METHODS and method not in PLANNERS:
@@ -80,6 +85,11 @@ def search_command(
     if mesh is not None and method not in INTRAOP_METHODS:
         raise SpecError(f"--mesh applies to the intra-op methods ({', '.join(INTRAOP_METHODS)})"
                         f"; --method {method} plans the whole cluster")
+    if max_evals is not None and method not in EVALUATION_BUDGET_METHODS:
+        raise SpecError(f"--max-evals applies to {', '.join(EVALUATION_BUDGET_METHODS)}; "
+                        f"--method {method} is bounded by --time-budget-s only")
+    if max_evals is not None and max_evals < 1:
+        raise SpecError(f"--max-evals {max_evals} must be >= 1")
     if framework is not None and method in INTRAOP_METHODS:
         # the intra-op methods plan SPMD shardings (CFP, Alpa) of their own, not a stack's
         # tensor/pipeline plan: none of a profile's plan defaults has a meaning there
@@ -112,7 +122,7 @@ def search_command(
         result = api.search(model, cluster, global_batch=global_batch, method=method,
                             memory_limit_gb=memory_limit_gb, time_budget_s=time_budget_s,
                             profile=profile, objective=objective, top=top, prices=prices,
-                            on_record=tick, framework=framework)
+                            on_record=tick, framework=framework, max_evals=max_evals)
     written: list[Path] = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,10 @@ PLANNERS: dict[str, Callable[..., Planner]] = {
     "uniform": lambda **o: HeteroPlanner(name="uniform", **o)}
 """Search method -> planner factory (keyword options pass through)."""
 
+EVALUATION_BUDGET_METHODS = ("hetero", "fasop", "uniform")
+"""Methods whose planner takes a budget counted in Oracle evaluations (`max_evals`, `sim search
+--max-evals`) next to the wall-clock one."""
+
 
 def get_planner(method: str, **options: Any) -> Planner:
     """The planner named `method` (a key of PLANNERS: grid, aceso, or for clusters of several

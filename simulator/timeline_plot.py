@@ -68,7 +68,7 @@ _EXTRA_COLOURS = ("#7f7f7f", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8
 
 #: Point-to-point streams of the lowering ("pp3>4": stage 3 sends to 4); a grouped page draws a
 #: group's on one row, `P2P_ROW`.
-_P2P_STREAM = r"pp\d+>\d+"
+_P2P_STREAM = r"pp\d+>\d+(?:\.\d+)?"
 P2P_ROW = "pp"
 
 

@@ -19,10 +19,10 @@ prediction accounts for it:
   iteration. This is exact while no two transfers share a link at once; the engine's fluid
   model shares bandwidth when they do (an activation and a gradient arriving at one stage
   together), which is the remaining (small) difference;
-* for a model whose LM head is tied to the embedding, the all-reduce of the two copies'
-  gradients between the first and the last stage (gradient_sync.py `tied_sync`): fixed cost
-  too, read off the program; it starts when both stages' last instructions have ended, and
-  both stages' optimizer steps wait for it.
+* for a model whose LM head is tied to the embedding, the all-reduce of the copies'
+  gradients between the first and the last stage (and T5's decoder-embedding stage;
+  gradient_sync.py `tied_sync`): fixed cost too, read off the program; it starts when those
+  stages' last instructions have ended, and their optimizer steps wait for it.
 
 Tensor-parallel collectives, data-parallel gradient sync and ZeRO traffic are not in the
 prediction: `LoweredExtras.from_program` refuses programs that have them.
@@ -84,8 +84,8 @@ class LoweredExtras:
     """Per stage: optimizer step time (s); zeros without the step."""
     step_energy_j: np.ndarray
     """Per stage: optimizer step energy over the stage's GPUs (J)."""
-    tied_sync: tuple[int, int, float] | None = None
-    """(first stage, head's stage, time s) of the tied embedding's all-reduce; None without."""
+    tied_sync: tuple[tuple[int, ...], float] | None = None
+    """(the stages holding a copy, time s) of the tied embedding's all-reduce; None without."""
 
     @classmethod
     def none(cls, dag: InstructionDag) -> LoweredExtras:
@@ -110,11 +110,14 @@ class LoweredExtras:
         delay: dict[tuple[int, int], float] = {}
         step_t = np.zeros(dag.num_stages)
         step_e = np.zeros(dag.num_stages)
-        tied: tuple[int, int, float] | None = None
+        tied: tuple[tuple[int, ...], float] | None = None
         for task in program.tasks:
-            if task.name == TIED_SYNC_NAME and len(task.ranks) == 2:
-                a, b = sorted(task.ranks)
-                tied = (a, b, _alone_s(task, bw) + (tied[2] if tied is not None else 0.0))
+            if task.name == TIED_SYNC_NAME and len(task.ranks) >= 2:
+                stages: tuple[int, ...] = ()
+                took = 0.0
+                if tied is not None:
+                    stages, took = tied
+                tied = (tuple(sorted({*stages, *task.ranks})), took + _alone_s(task, bw))
                 continue
             if task.kind == "wait" and task.duration_s == 0.0:
                 continue  # a zero-length marker (an allocation, a stream hold): no time
@@ -160,16 +163,18 @@ def _stage_ends(dag: InstructionDag, finish: np.ndarray, extras: LoweredExtras
     """Per stage: when its optimizer step ends (after the tied all-reduce where it has one)."""
     last = [float(finish[order[-1]]) for order in dag.stage_order]
     if extras.tied_sync is not None:
-        a, b, took = extras.tied_sync
-        last[a] = last[b] = max(last[a], last[b]) + took
+        stages, took = extras.tied_sync
+        end = max(last[s] for s in stages) + took
+        for s in stages:
+            last[s] = end
     return [end + float(extras.step_time_s[s]) for s, end in enumerate(last)]
 
 
 def _latest_last(extras: LoweredExtras, horizon: float, s: int) -> float:
     """The latest a stage's last instruction may end for its step to end by `horizon`."""
-    if extras.tied_sync is not None and s in extras.tied_sync[:2]:
-        a, b, took = extras.tied_sync
-        return horizon - max(extras.step_time_s[a], extras.step_time_s[b]) - took
+    if extras.tied_sync is not None and s in extras.tied_sync[0]:
+        stages, took = extras.tied_sync
+        return horizon - max(extras.step_time_s[t] for t in stages) - took
     return horizon - extras.step_time_s[s]
 
 

@@ -95,3 +95,36 @@ def test_search_baselines_run(method: str, sim: Sim) -> None:
                            "1x4xA100-SXM4-40GB+1x4xA10", "--global-batch", "16", "--top", "1"])
     assert code == 0, err
     assert method in out
+
+
+def test_search_max_evals_counts_evaluations(sim: Sim) -> None:
+    """`--max-evals N` stops a hetero-family search after N plans whatever the wall clock (the
+    README test's budget: 5 s of wall clock ran out at different plans on a loaded machine),
+    and the same search then runs the same plans."""
+    import json
+
+    base = ["search", "--method", "fasop", "--model", "gpt3-125m", "--cluster",
+            "1x4xA100-SXM4-40GB+1x4xA10", "--global-batch", "16", "--max-evals", "3",
+            "--time-budget-s", "3600", "--json"]
+    runs = []
+    for _ in range(2):
+        code, out, err = sim(base)
+        assert code == 0, err
+        runs.append(json.loads(out))
+    assert runs[0]["evaluated"] == 3
+    assert runs[0]["best"] is not None
+    for key in ("ranked", "improvements"):
+        assert [(r["note"], r["step"]) for r in runs[0][key]] == \
+            [(r["note"], r["step"]) for r in runs[1][key]]
+
+
+@pytest.mark.parametrize(("args", "word"), [
+    (["--method", "grid", "--max-evals", "3"], "--max-evals applies to hetero"),
+    (["--method", "hetero", "--max-evals", "0"], "must be >= 1"),
+])
+def test_search_max_evals_bad_input_is_one_line(args: list[str], word: str, sim: Sim) -> None:
+    code, _, err = sim(["search", "--model", "gpt3-125m", "--cluster",
+                        "1x4xA100-SXM4-40GB+1x4xA10", "--global-batch", "16", *args])
+    assert code == 2
+    line, = err.strip().splitlines()
+    assert word in line

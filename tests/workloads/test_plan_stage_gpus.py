@@ -138,3 +138,54 @@ def test_t5_equal_stage_gpus_equal_the_uniform_plan() -> None:
     uniform = api.simulate(model, hw, {**base, "dp": 2, "micro_batch_size": 1})
     split = api.simulate(model, hw, {**base, "stage_gpus": (2, 2), "micro_batch_size": 2})
     assert split.iteration_time_s == pytest.approx(uniform.iteration_time_s, rel=1e-12)
+
+
+_FAN = "2x8xA100-SXM4-80GB"
+
+
+def _fan_out(stage_gpus: tuple[int, ...], unfold: bool,
+             stage_tp: tuple[int, ...] | None = None):
+    import math
+
+    from trainsim import api
+
+    tps = stage_tp or (1,) * len(stage_gpus)
+    mbs = math.lcm(*(g // t for g, t in zip(stage_gpus, tps, strict=True)))
+    return api.simulate("gpt3-1.3b", _FAN, pp=len(stage_gpus), dp=1, tp=1,
+                        micro_batch_size=mbs, global_batch=8 * mbs, stage_gpus=stage_gpus,
+                        stage_tp=stage_tp, unfold=unfold)
+
+
+@pytest.mark.parametrize(("stage_gpus", "stage_tp"), [
+    ((4, 12), None), ((6, 10), None), ((3, 13), None), ((12, 4), None), ((4, 8, 4), None),
+    ((4, 12), (2, 2)), ((6, 10), (2, 2))])
+def test_stages_of_different_sizes_fold_exactly(stage_gpus: tuple[int, ...],
+                                                stage_tp: tuple[int, ...] | None) -> None:
+    """A GPU of the smaller stage sends its share of a micro-batch to several GPUs of the
+    larger one (and receives their gradients) all at once, NCCL-batched, sharing its links;
+    some pairs cross NVLink, some a PCIe path to the other node's NIC. Folded, the
+    boundary's transfer is the slowest pair of the slowest chain, on its links shared with
+    the others, and the tied embedding's all-reduce rounds follow the slowest chain too, so
+    folding changes nothing. gpt3-1.3b on 2 x 8 A100, (4, 12): folded 1.14858 s against
+    unfolded 1.16738 s before (folded sent over the first pair's NVLink only, and timed the
+    tied all-reduce rounds on it too; unfolded ran a GPU's sends one after another); with
+    stage_tp (2, 2), 0.68004 against 0.69054 s."""
+    folded = _fan_out(stage_gpus, False, stage_tp)
+    unfolded = _fan_out(stage_gpus, True, stage_tp)
+    assert folded.iteration_time_s == pytest.approx(unfolded.iteration_time_s, rel=1e-9)
+
+
+def test_a_gpus_sends_to_several_run_at_once() -> None:
+    """Unfolded, GPU 2 of stage (4, 12)'s first stage sends micro-batch 0's activations to
+    GPUs 10, 11 and 12 at once (one stream each, so the three share its PCIe link to the
+    NIC); folded, the send lasts as long as the slowest of all the pairs."""
+    unfolded = _fan_out((4, 12), unfold=True).tasks
+    sends = unfolded[(unfolded["name"] == "s0>1.F0") & (unfolded["rank"] == 2)]
+    assert len(sends) == 3
+    assert sends["start_s"].nunique() == 1
+    assert sends["stream"].nunique() == 3
+    every = unfolded[unfolded["name"] == "s0>1.F0"]
+    folded = _fan_out((4, 12), unfold=False).tasks
+    send = folded[folded["name"] == "s0>1.F0"]
+    assert send["duration_s"].iloc[0] == pytest.approx(every["duration_s"].max(), rel=1e-12)
+    assert every["duration_s"].min() < every["duration_s"].max() / 5  # NVLink pairs too

@@ -143,10 +143,31 @@ def test_a_t5_stage_running_the_decoders_embedding_alone_keeps_a_copy() -> None:
     from trainsim.workloads.op_work import shared_params
 
     program, plan, spec = _program("t5-770m", dp=2, pp=4)
-    pairs = {_members(program, int(t)) for t in _named(program, "embedding.all_reduce")}
-    assert pairs == {(0, 1), (0, 3)}  # folded: one program rank per stage
+    groups = {_members(program, int(t)) for t in _named(program, "embedding.all_reduce")}
+    assert groups == {(0, 1, 3)}  # folded: one program rank per stage
     table = spec.vocab_size * spec.hidden
     assert program.static_memory_bytes[1] > table * sum(optimizer_bytes_per_param(plan.dtype))
     readers = [la for la in build_graph(spec, 1, 64).layers if la.shared_params]
     assert {la.name for la in readers} == {"decoder_embedding", "head"}
     assert shared_params(readers, 1) == table
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_t5s_three_copies_are_reduced_by_one_all_reduce(fold: bool) -> None:
+    """T5 770M on 4 stages keeps the word table on stage 0 (the encoder's embedding), stage 1
+    (the decoder's) and stage 3 (the head): Megatron-LM's embedding group holds the three
+    stages' ranks (first, split and last rank of each pipeline), and their gradients are
+    summed by one all-reduce over it, not by two pairwise all-reduces (0, 1) and (0, 3),
+    which moved the copy twice through stage 0 (2 x 62.7 MB a GPU, where one 3-rank ring
+    moves 4/3 x 62.7 = 83.5 MB) and left stage 1's copy without stage 3's gradient."""
+    program, plan, spec = _program("t5-770m", fold, dp=2, pp=4)
+    syncs = _named(program, "embedding.all_reduce")
+    groups = sorted(_members(program, int(t)) for t in syncs)
+    # unfolded: GPU i of stages 0, 1 and 3 (2 GPUs a stage) for each replica i
+    assert groups == ([(0, 1, 3)] if fold else [(0, 2, 6), (1, 3, 7)])
+    table = spec.vocab_size * spec.hidden * optimizer_bytes_per_param(plan.dtype)[1]
+    for task in syncs:  # a 3-rank ring: 2 (n - 1) / n of the copy over each GPU's link
+        assert program.tasks.comm_bytes[task] == pytest.approx(table * 4 / 3, rel=1e-6)
+    steps = _named(program, "optimizer")
+    waiting = {int(s) for s in steps if _deps(program, int(s)) & set(syncs.tolist())}
+    assert len(waiting) == 3 * len(syncs)

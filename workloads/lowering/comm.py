@@ -395,6 +395,45 @@ class CommLowering:
             template = self._template_cache[cache_key] = self._coded(named)
         return template
 
+    def slowest_first(self, needs: Sequence[Need], copies: Sequence[tuple[int, ...]]
+                      ) -> list[tuple[int, ...]]:
+        """`copies` with the one that takes longest first (the first of equal ones; the rest
+        in order), each timed by `copy_times`.
+
+        A folded task runs on the links of `copies[0]` (`_named_template`), exact when every
+        copy is wired alike. Copies that are not -- the point-to-point pairs of a stage
+        boundary between stages of different sizes (`stage_gpus`), some crossing NVLink and
+        some a PCIe path to the NIC -- all run at once, and the receiving stage waits for the
+        last of them, so the folded task is the slowest."""
+        if len(copies) < 2:
+            return list(copies)
+        times = self.copy_times(needs, copies)
+        worst = max(range(len(copies)), key=times.__getitem__)
+        return [copies[worst], *copies[:worst], *copies[worst + 1:]]
+
+    def copy_times(self, needs: Sequence[Need], copies: Sequence[tuple[int, ...]]
+                   ) -> list[float]:
+        """How long `needs` take over each of the concurrent `copies`, on its own links shared
+        with the other copies (`link_load`, as a folded task with that copy first would)."""
+        chain = tuple(needs)
+        load = self.link_load(chain, copies) if len(copies) > 1 else {}
+        link = self.topology.link
+
+        def alone(group: tuple[int, ...]) -> float:
+            if len(group) < 2:
+                return 0.0
+            phases = [ph for k, size in chain if size > 0 for ph in self.phases(k, group, size)]
+            total = 0.0
+            for merged in merge_phases(phases):
+                total += merged.latency_s
+                if merged.bytes_per_link > 0 and merged.links:
+                    total += merged.bytes_per_link / min(
+                        link(lid).bandwidth_bytes_per_s / load.get(lid, 1)
+                        for lid in merged.links)
+            return total
+
+        return [alone(group) for group in copies]
+
     def emit_planned(self, planned: PlannedComm, deps: Sequence[int], arg: int, meta: Meta
                      ) -> list[int]:
         """Append a `PlannedComm` chain after `deps` with name argument `arg`; ids in order."""

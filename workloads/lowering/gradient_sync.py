@@ -286,12 +286,13 @@ class GradientSync:
         (`_allreduce_word_embedding_grads` in Megatron-LM's finalize_model_grads). Both steps
         wait for it; it is exposed, after the last backward. Stages of different GPU counts
         (`stage_gpus`) pair their GPUs round-robin, as the stage-boundary transfers do, so
-        every copy is reduced. Approximations: the bytes are the head's stage's copy (the two
-        stages' tp may differ); they are the whole copy, as Megatron's distributed optimizer
-        (ZeRO-1) reduces it, also under ZeRO-2/3, where a 1/dp shard would do. A T5 stage
-        running the decoder's embedding (which reads the encoder's table) keeps a copy too and
-        is reduced with the first stage (Megatron-LM's split rank is in the group), one pair
-        per copy rather than one all-reduce over the three stages."""
+        every copy is reduced. A T5 stage running the decoder's embedding (which reads the
+        encoder's table) keeps a copy too, and Megatron-LM's embedding group holds the first
+        rank, the split rank (the decoder's first stage) and the last: one all-reduce over
+        every stage holding a copy, not one per copy with the first stage. Approximations:
+        the bytes are the largest copy's (the stages' tp may differ); they are the whole copy,
+        as Megatron's distributed optimizer (ZeRO-1) reduces it, also under ZeRO-2/3, where a
+        1/dp shard would do."""
         plan, layout = self.plan, self.layout
         if plan.pp < 2 or not self.opt.communication:
             return
@@ -299,42 +300,67 @@ class GradientSync:
         if first is None:
             return
         graph = layout.graph(layout.micro_batches[0])
-        for head in range(plan.pp):
-            if layout.holds_embedding(head):  # no copy there (`holds_embedding`)
+        copies, size = [], 0.0
+        for stage in range(plan.pp):
+            if layout.holds_embedding(stage):  # no copy there (`holds_embedding`)
                 continue
-            layers = [graph.layers[i] for k in layout.stage_layers_idx(head)
+            layers = [graph.layers[i] for k in layout.stage_layers_idx(stage)
                       for i in layout.stage_layers[k]]
-            size = shared_params(layers, plan.tp_of_stage(head)) * self.reduce_bytes
-            if size > 0:
-                self._tied_all_reduce(first, head, size, last_compute)
+            copy = shared_params(layers, plan.tp_of_stage(stage)) * self.reduce_bytes
+            if copy > 0:
+                copies.append(stage)
+                size = max(size, copy)
+        if copies:
+            self._tied_all_reduce((first, *copies), size, last_compute)
 
-    def _tied_all_reduce(self, first: int, head: int, size: float,
+    def _tied_all_reduce(self, stages: tuple[int, ...], size: float,
                          last_compute: dict[int, int]) -> None:
-        """`tied_sync`'s all-reduces of `size` bytes between stages `first` and `head`: one
-        task per pair of program ranks, standing for the GPU pairs they represent."""
+        """`tied_sync`'s all-reduces of `size` bytes over one GPU of each of `stages` (GPU i
+        of each when they are of one size): one task per group of program ranks, standing
+        for the GPU groups they represent.
+
+        Stages of different sizes (`stage_gpus`) are grouped round-robin, so every copy is
+        reduced; a GPU in several groups runs them one round after another, and each GPU's
+        rounds wait only for its own previous ones, so the GPUs' chains run side by side
+        (the smaller stage's GPUs each with its own run of the larger stage's). Folded, a
+        program rank's rounds stand for the slowest chain, each round timed on its links
+        shared with the round's other groups (`CommLowering.copy_times`): a chain over NVLink
+        and one across nodes do not wait for each other's rounds, and the optimizer steps
+        wait for the last."""
         layout, b = self.layout, self.b
         prog_of = {g: p for p, gpus in enumerate(layout.represents) for g in gpus}
-        # stages of different sizes pair round-robin, so every copy is reduced; a GPU in
-        # several pairs runs them one round after another (folded or not alike)
-        pairs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
-        src, dst = layout.stage_gpu_ranks[first], layout.stage_gpu_ranks[head]
-        n = max(len(src), len(dst))
+        ranks = [layout.stage_gpu_ranks[s] for s in stages]
+        n = max(len(r) for r in ranks)
         seen: dict[int, int] = {}
+        by_prog: dict[tuple[int, ...], dict[int, list[tuple[int, ...]]]] = {}
         for i in range(n):
-            e, h = src[i * len(src) // n], dst[i * len(dst) // n]
-            rnd = max(seen.get(e, 0), seen.get(h, 0))
-            seen[e], seen[h] = rnd + 1, rnd + 1
-            pairs.setdefault((rnd, prog_of[e], prog_of[h]), []).append((e, h))
-        pairs = dict(sorted(pairs.items()))
-        name, kind, stream = (b.name_template("embedding.all_reduce"), b.kind("all_reduce"),
-                              b.stream("dp"))
-        for (_, *ranks), copies in pairs.items():
-            prog = tuple(ranks)
+            group = tuple(r[i * len(r) // n] for r in ranks)
+            rnd = max(seen.get(g, 0) for g in group)
+            for g in group:
+                seen[g] = rnd + 1
+            prog = tuple(prog_of[g] for g in group)
+            by_prog.setdefault(prog, {}).setdefault(rnd, []).append(group)
+        need = [("all_reduce", size)]
+        calls: list[tuple[int, tuple[int, ...], list[tuple[int, ...]]]] = []
+        for prog, rounds in by_prog.items():
+            chain: dict[int, float] = {}  # each GPU's rounds, their time added up
+            for copies in rounds.values():
+                for group, t in zip(copies, self.comm.copy_times(need, copies), strict=True):
+                    for g in group:
+                        chain[g] = chain.get(g, 0.0) + t
+            slowest = max(chain, key=chain.__getitem__)  # the first of equal chains
+            for rnd, copies in rounds.items():
+                mine = [g for g in copies if slowest in g]
+                if mine:
+                    calls.append((rnd, prog, mine + [g for g in copies if g != mine[0]]))
+        stream = b.stream("dp")
+        name, kind = b.name_template("embedding.all_reduce"), b.kind("all_reduce")
+        for _, prog, copies in sorted(calls):
             deps = sorted({d for p in prog for d in self.dp_tail.get(p, [])}
                           | {last_compute[p] for p in prog if p in last_compute})
-            ids = self.comm.tasks([("all_reduce", size)], name=name, arg=-1, kind=kind,
-                                  stream=stream, prog_ranks=prog, copies=copies, deps=deps,
-                                  meta=(-1, head, -1, -1))
+            ids = self.comm.tasks(need, name=name, arg=-1, kind=kind, stream=stream,
+                                  prog_ranks=prog, copies=copies, deps=deps,
+                                  meta=(-1, stages[-1], -1, -1))
             for p in prog:
                 self.dp_tail.setdefault(p, []).extend(ids[-1:])
 

@@ -55,6 +55,7 @@ turns it off.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import partial
@@ -338,6 +339,8 @@ class _Lowering:
         self.patch_runs: list[tuple[int, tuple[int, ...], _RecvKey]] = []
         """Replayed instructions' late deps: (first id, rows, key) (replay.py)."""
         self.history: dict[tuple[int, int], list[int]] = {}  # (stage, unit) -> compute ids
+        self._slowest: frozenset[int] | None = None
+        """Folded: the GPUs of the slowest chain of stage-boundary pairs (`_slowest_chain`)."""
 
     # ------------------------------------------------------------------ build
     def build(self) -> Program:
@@ -918,8 +921,15 @@ class _Lowering:
         label = b.name_template(f"s{k}>{dst}.{direction}%d")
         need = [("p2p", size)]
         if self.fold and len(layout.classes) == 1:
-            comm = PlannedComm(template=self.comm.template(need, pairs, ("pp", src_s, dst_s)),
-                         name=label, kind=kind, stream=stream, prog_ranks=(src_s, dst_s))
+            # the pairs all send at once (on their links shared with each other): the folded
+            # transfer is the slowest pair of the slowest chain
+            chain = self._slowest_chain()
+            ours = [p for p in pairs if p[0] in chain] or pairs
+            rep = next(p for p in self.comm.slowest_first(need, pairs) if p in ours)
+            comm = PlannedComm(template=self.comm.template(
+                                   need, [rep, *(p for p in pairs if p != rep)],
+                                   ("pp", src_s, dst_s)),
+                               name=label, kind=kind, stream=stream, prog_ranks=(src_s, dst_s))
             return _Send(dst=dst, direction=direction, local=False, per_unit=[[(comm, 0)]])
         if self.fold:  # each replica class sends to its own program rank on the next stage
             out = []
@@ -933,14 +943,84 @@ class _Lowering:
                 out.append([(comm, c)])
             return _Send(dst=dst, direction=direction, local=False, per_unit=out)
         dst_unit = layout.unit_of(dst_s)
+        streams = self._pair_streams(src_s, dst_s, pairs)
         per_unit = []
         for prog, _group in (layout.units(src_s)[u] for u in unit_ids):
             unit = set(prog)
             per_unit.append([
                 (PlannedComm(template=self.comm.template(need, [(src_r, dst_r)]), name=label,
-                       kind=kind, stream=stream, prog_ranks=(src_r, dst_r)), dst_unit[dst_r])
-                for src_r, dst_r in pairs if src_r in unit])
+                       kind=kind, stream=pair_stream, prog_ranks=(src_r, dst_r)),
+                 dst_unit[dst_r])
+                for (src_r, dst_r), pair_stream in zip(pairs, streams, strict=True)
+                if src_r in unit])
         return _Send(dst=dst, direction=direction, local=False, per_unit=per_unit)
+
+    def _slowest_chain(self) -> frozenset[int]:
+        """Folded: the GPUs of the slowest chain of stage-boundary pairs, whose transfers the
+        folded ones stand for (cached).
+
+        The pairs of every stage boundary (`LoweringLayout.p2p_pairs`, both directions) join
+        the GPUs into chains -- with equal stages, each pipeline replica; with stages of
+        different sizes (`stage_gpus`), a GPU of the smaller stage with its run of the larger
+        one's -- and unfolded each chain runs at its own pace until the gradient reduction.
+        A chain's transfers at a boundary take as long as its slowest pair there (timed on
+        its links shared with the boundary's other pairs, `CommLowering.copy_times`, at the
+        first micro-batch's size); the slowest chain is the one whose boundaries add up to the
+        most (the first of equal ones). Picking each boundary's slowest pair instead would
+        add up hops that no one chain crosses: with (4, 8, 4) GPUs on two nodes, one chain
+        crosses nodes into the middle stage and another out of it."""
+        if self._slowest is not None:
+            return self._slowest
+        layout, plan = self.layout, self.plan
+        parent: dict[int, int] = {}
+
+        def root(g: int) -> int:
+            while parent.setdefault(g, g) != g:
+                parent[g] = parent[parent[g]]
+                g = parent[g]
+            return g
+
+        hops = []
+        for k in range(plan.num_stages - 1):
+            a, z = layout.phys_stage(k), layout.phys_stage(k + 1)
+            size = layout.boundary_bytes(k, 0)
+            if a == z or size <= 0:
+                continue
+            for src_s, dst_s, nbytes in ((a, z, size),
+                                         (z, a, size * layout.replica_batch_ratio(z, a, 0))):
+                pairs, per_pair = layout.p2p_pairs(src_s, dst_s, nbytes, 0)
+                hops.append((pairs, self.comm.copy_times([("p2p", per_pair)], pairs)))
+                for x, y in pairs:
+                    parent[root(x)] = root(y)
+        total: dict[int, float] = {}
+        for pairs, times in hops:
+            worst: dict[int, float] = {}
+            for (x, _), t in zip(pairs, times, strict=True):
+                c = root(x)
+                worst[c] = max(worst.get(c, 0.0), t)
+            for c, t in worst.items():
+                total[c] = total.get(c, 0.0) + t
+        slowest = max(total, key=total.__getitem__) if total else None
+        self._slowest = frozenset(g for g in parent if root(g) == slowest)
+        return self._slowest
+
+    def _pair_streams(self, src_s: int, dst_s: int, pairs: list[tuple[int, int]]
+                      ) -> list[int]:
+        """Stream code of each pair of a stage-boundary transfer, unfolded: ``pp<src>><dst>``,
+        and ``pp<src>><dst>.<i>`` for the i-th (from 0) of a GPU's pairs when a GPU has
+        several (stages of different sizes: one GPU sends to, or receives from, several). The
+        pairs of one GPU run at once (batched isend/irecv, as NCCL groups them), sharing its
+        links, rather than one after another on one FIFO stream; each pair's transfers of
+        successive micro-batches keep their order on its own stream."""
+        base = f"pp{src_s}>{dst_s}"
+        seen: Counter[tuple[str, int]] = Counter()
+        out = []
+        for src_r, dst_r in pairs:
+            i = seen["s", src_r] + seen["d", dst_r]
+            seen["s", src_r] += 1
+            seen["d", dst_r] += 1
+            out.append(self.b.stream(f"{base}.{i}" if i else base))
+        return out
 
     def _ep_tasks(self, needs: tuple[CommNeed, ...], phys: int, name: str, arg: int,
                   last: dict[int, list[int]], meta: Meta) -> dict[int, list[int]]:
