@@ -183,6 +183,7 @@ def _table(result: SearchResult, model: str, cluster: str) -> None:
                         f"{result.spec.global_batch} ({result.evaluated} plans in "
                         f"{result.search_s:.1f} s"
                         f"{f', {result.pruned} pruned by the bound' if result.pruned else ''}"
+                        f"{f', {result.capped} left by the budget' if result.capped else ''}"
                         f"{', interrupted' if result.interrupted else ''})")
     for col in ("#", "samples/s", "iteration (s)", "peak mem (GiB)", "plan", "found by"):
         table.add_column(col, justify="right" if col[0] in "#sip" and col != "plan" else "left")

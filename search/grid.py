@@ -68,8 +68,10 @@ class GridPlanner:
     def steps(self, state: SearchState) -> Iterator[SearchRecord]:
         """Evaluate every grid point (but the pruned ones) until done or out of time."""
         top_k = state.spec.top_k
-        for fields, note in self.candidates(state):
+        todo = self.candidates(state)
+        for fields, note in todo:
             if state.out_of_time():
+                state.capped += 1 + sum(1 for _ in todo)
                 return
             if self.prune:
                 ranked = state.ranked()

@@ -142,6 +142,9 @@ class SearchResult:
     pruned: int = 0
     """Candidates skipped before lowering: their proven lower bound (search/bound.py) could
     not beat the plans they would have to displace (not counted in `evaluated`)."""
+    capped: int = 0
+    """Candidates never evaluated because the time budget or the evaluation cap ran out (the
+    ranked plans are then those of a partial search)."""
 
     @property
     def best(self) -> SearchRecord | None:
@@ -182,7 +185,8 @@ class SearchResult:
             "memory_limit_bytes": self.spec.memory_limit_bytes,
             "best": row(self.best) if self.best else None,
             "ranked": [row(r) for r in self.ranked],
-            "evaluated": self.evaluated, "pruned": self.pruned, "search_s": self.search_s,
+            "evaluated": self.evaluated, "pruned": self.pruned, "capped": self.capped,
+            "search_s": self.search_s,
             "interrupted": self.interrupted,
             "improvements": [r.to_dict() for r in self.log if r.improved],
         }
@@ -247,6 +251,8 @@ class SearchState:
         self.best: SearchRecord | None = None
         self.pruned = 0
         """Candidates a planner skipped with `cannot_improve`."""
+        self.capped = 0
+        """Candidates a planner left unevaluated when its time or evaluation budget ran out."""
         self._seen: dict[str, SearchRecord] = {}
 
     @property
@@ -308,11 +314,15 @@ class SearchState:
 
     def ranked(self) -> list[SearchRecord]:
         """Distinct fitting plans so far, best first (ties keep discovery order), top_k."""
+        return self.ranked_all()[: self.spec.top_k]
+
+    def ranked_all(self) -> list[SearchRecord]:
+        """Every distinct fitting plan so far, best first (ties keep discovery order)."""
         ranked: dict[str, SearchRecord] = {}
         for r in self.log:
             if r.fits and r.summary.plan_key not in ranked:
                 ranked[r.summary.plan_key] = r
-        return sorted(ranked.values(), key=lambda r: (r.score, r.step))[: self.spec.top_k]
+        return sorted(ranked.values(), key=lambda r: (r.score, r.step))
 
     def cannot_improve(self, fields: Mapping[str, Any], target: tuple[int, float]) -> bool:
         """True when the plan of `fields` provably cannot rank before `target` (a fitting
@@ -343,7 +353,7 @@ class SearchState:
         return SearchResult(method=method, spec=self.spec, ranked=tuple(self.ranked()),
                             log=tuple(self.log), evaluated=len(self.log),
                             search_s=self.elapsed_s(), interrupted=interrupted,
-                            pruned=self.pruned)
+                            pruned=self.pruned, capped=self.capped)
 
 
 class Planner(Protocol):
