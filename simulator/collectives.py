@@ -44,9 +44,12 @@ Two layers:
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Protocol
 from weakref import WeakKeyDictionary
 
@@ -236,6 +239,145 @@ def _phase(name: str, ranks: tuple[int, ...], steps: int, transfers: Sequence[Tr
                 bandwidths[link_id] = bw
             else:
                 load[link_id] = prev + size
+    return _loaded_phase(name, ranks, steps, load, alpha, bandwidths)
+
+
+class _RingLinks:
+    """Which links the neighbour transfers of some rings cross, how often, grouped for
+    `_ring_phase` (which sizes them): per topology and rings, size-free, so one collective
+    planned again with another size (or another algorithm's phase on the same rings) reuses
+    them."""
+
+    __slots__ = ("_bws", "_by_ring", "_paths", "_sorted", "alpha", "bandwidths", "by_total")
+
+    def __init__(self, cluster: ClusterTopology, rings: tuple[tuple[int, ...], ...]) -> None:
+        path = cluster.path
+        self._paths = [[path(a, b) for a, b in zip(ring, ring[1:] + ring[:1])]
+                       for ring in rings]
+        alpha = 0.0
+        for paths in self._paths:
+            for p in paths:
+                latency = 0.0  # as `_path_info` sums it
+                for link in p:
+                    latency += float(link.latency_s)
+                if latency > alpha:  # noqa: PLR1730
+                    alpha = latency
+        self.alpha = alpha
+        """Largest summed latency of a transfer's path."""
+        total = self._counts(chain.from_iterable(chain.from_iterable(self._paths)))
+        self.bandwidths = self._bws
+        """Bandwidth of every link crossed."""
+        groups: dict[tuple[int, float], list[str]] = {}
+        for k, c in total.items():
+            groups.setdefault((c, self.bandwidths[k]), []).append(k)
+        self.by_total = list(groups.items())
+        """((times crossed by all rings' transfers together, bandwidth), links) groups."""
+        self._by_ring: list[tuple[tuple[tuple[int, ...], float], list[str]]] | None = None
+        self._sorted: dict[tuple[bool, frozenset[int]], tuple[str, ...]] = {}
+
+    _bws: dict[str, float]
+
+    def _counts(self, links: Iterable[_Link]) -> dict[str, int]:
+        """Times each link id occurs among `links` (counted per link object, then by id: a
+        topology may make a new object per path); notes each one's bandwidth (`_bws`)."""
+        flat = list(links)
+        per_object = Counter(map(id, flat))
+        objects = dict(zip(map(id, flat), flat))
+        out: dict[str, int] = {}
+        bws = getattr(self, "_bws", None)
+        if bws is None:
+            bws = self._bws = {}
+        for key, c in per_object.items():
+            link = objects[key]
+            link_id = link.link_id
+            out[link_id] = out.get(link_id, 0) + c
+            if link_id not in bws:
+                bws[link_id] = float(link.bandwidth_bytes_per_s)
+        return out
+
+    def by_ring(self) -> list[tuple[tuple[tuple[int, ...], float], list[str]]]:
+        """((times crossed by each ring's transfers, bandwidth), links) groups."""
+        if self._by_ring is None:
+            per_ring = [self._counts(chain.from_iterable(paths)) for paths in self._paths]
+            groups: dict[tuple[tuple[int, ...], float], list[str]] = {}
+            for k, bw in self.bandwidths.items():
+                key = (tuple(c.get(k, 0) for c in per_ring), bw)
+                groups.setdefault(key, []).append(k)
+            self._by_ring = list(groups.items())
+        return self._by_ring
+
+    def links(self, per_ring: bool, chosen: frozenset[int]) -> tuple[str, ...]:
+        """The links of groups `chosen` (of `by_ring` or `by_total`), sorted."""
+        key = (per_ring, chosen)
+        found = self._sorted.get(key)
+        if found is None:
+            groups = self.by_ring() if per_ring else self.by_total
+            found = self._sorted[key] = tuple(sorted(
+                chain.from_iterable(groups[i][1] for i in chosen)))
+        return found
+
+
+def _ring_phase(name: str, ranks: tuple[int, ...], steps: int,
+                rings: Sequence[tuple[Sequence[int], float]], cluster: ClusterTopology,
+                bandwidths: dict[str, float]) -> CommPhase:
+    """`_phase` of the neighbour transfers of `rings` ((members, bytes of each transfer) each,
+    in order: what `_ring` makes of them), from their `_RingLinks` (remembered per topology).
+
+    The same to the bit: `_phase` adds each transfer's size to each link it crosses, transfer
+    by transfer; a link crossed c_r times by ring r's transfers (of s_r bytes each) so gets
+    s_1 added c_1 times, then s_2 c_2 times, and so on, which is what is added here, once per
+    group of links with the same counts (all of whose loads are then equal); with every s_r
+    equal, only the total count matters. The peak, the bottleneck test and the named links
+    follow from those loads and bandwidths as in `_phase`."""
+    live = [(tuple(m), size) for m, size in rings if len(m) >= 2]
+    if not live:
+        return _loaded_phase(name, ranks, steps, {}, 0.0, bandwidths)
+    members = tuple(m for m, _ in live)
+    cache = _ring_cache(cluster)
+    key = ("ring links", members)
+    found = None if cache is None else cache.get(key)
+    if found is None:
+        found = _RingLinks(cluster, members)
+        if cache is not None:
+            cache[key] = found
+    sizes = [size for _, size in live]
+    first = sizes[0]
+    per_ring = any(size != first for size in sizes)
+    loads: list[float] = []
+    group_bw: list[float] = []
+    for (counts, bw), _ in (found.by_ring() if per_ring else found.by_total):
+        v = 0.0
+        if per_ring:
+            for c, size in zip(counts, sizes):  # type: ignore[arg-type]
+                for _ in range(c):
+                    v += size
+        else:
+            for _ in range(counts):  # type: ignore[arg-type]
+                v += first
+        loads.append(v)
+        group_bw.append(bw)
+    bandwidths.update(found.bandwidths)
+    alpha = found.alpha
+    peak = max(loads, default=0.0)
+    if not peak:
+        return CommPhase(name=name, ranks=ranks, latency_s=steps * alpha, bytes_per_link=0.0,
+                         links=())
+    heaviest = {i for i, v in enumerate(loads) if v >= peak * (1 - 1e-12)}
+    volume = peak
+    slowest_time = max(v / bw for v, bw in zip(loads, group_bw))
+    if slowest_time > peak / min(group_bw[i] for i in heaviest) * (1 + 1e-12):
+        slow = {i for i, (v, bw) in enumerate(zip(loads, group_bw))
+                if v / bw >= slowest_time * (1 - 1e-12)}
+        heaviest |= slow
+        volume = slowest_time * min(group_bw[i] for i in heaviest)
+    return CommPhase(name=name, ranks=ranks, latency_s=steps * alpha, bytes_per_link=volume,
+                     links=found.links(per_ring, frozenset(heaviest)))
+
+
+def _loaded_phase(name: str, ranks: tuple[int, ...], steps: int, load: dict[str, float],
+                  alpha: float, bandwidths: dict[str, float]) -> CommPhase:
+    """The phase of links loaded with `load` bytes (`_phase`): the max-loaded links, or with
+    them a lighter but slower bottleneck."""
     peak = max(load.values(), default=0.0)
     if not peak:
         return CommPhase(name=name, ranks=ranks, latency_s=steps * alpha, bytes_per_link=0.0,
@@ -409,11 +551,18 @@ def _ring_transfers(cluster: ClusterTopology, ranks: Sequence[int], size: float
     return [t for ring, weight in _rings(cluster, ranks) for t in _ring(ring, weight * size)]
 
 
+def _weighted_rings(cluster: ClusterTopology, ranks: Sequence[int], size: float
+                    ) -> list[tuple[tuple[int, ...], float]]:
+    """The rings of `_rings`, each with its share of `size`: `_ring_transfers` as
+    `_ring_phase` takes it."""
+    return [(ring, weight * size) for ring, weight in _rings(cluster, ranks)]
+
+
 def _ring_all_reduce(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
                      bw: dict[str, float]) -> list[CommPhase]:
     n = len(ranks)
-    return [_phase("ring_all_reduce", ranks, 2 * (n - 1),
-                   _ring_transfers(cluster, ranks, 2 * (n - 1) / n * size), cluster, bw)]
+    return [_ring_phase("ring_all_reduce", ranks, 2 * (n - 1),
+                        _weighted_rings(cluster, ranks, 2 * (n - 1) / n * size), cluster, bw)]
 
 
 def _tree_all_reduce(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
@@ -422,8 +571,8 @@ def _tree_all_reduce(ranks: tuple[int, ...], size: float, cluster: ClusterTopolo
     # sends 2S in total (see module docstring), charged on the links its chain/tree edges use.
     n = len(ranks)
     chain = _node_ordered(cluster, ranks)
-    phase = _phase("tree_all_reduce", ranks, 2 * math.ceil(math.log2(n)),
-                   _ring(chain, 2 * size), cluster, bw)
+    phase = _ring_phase("tree_all_reduce", ranks, 2 * math.ceil(math.log2(n)),
+                        [(chain, 2 * size)], cluster, bw)
     return [phase]
 
 
@@ -439,17 +588,16 @@ def _hierarchical_all_reduce(ranks: tuple[int, ...], size: float, cluster: Clust
     num_nodes = len(nodes)
     phases: list[CommPhase] = []
     if k > 1:
-        intra = [t for m in nodes.values()
-                 for t in _ring_transfers(cluster, m, (k - 1) / k * size)]
-        phases.append(_phase("intra_node_reduce_scatter", ranks, k - 1, intra, cluster, bw))
-    inter: list[Transfer] = []
+        intra = [r for m in nodes.values() for r in _weighted_rings(cluster, m, (k - 1) / k * size)]
+        scatter = _ring_phase("intra_node_reduce_scatter", ranks, k - 1, intra, cluster, bw)
+        phases.append(scatter)
     members = list(nodes.values())
-    for local in range(k):
-        inter += _ring([m[local] for m in members], 2 * (num_nodes - 1) / num_nodes * size / k)
-    phases.append(_phase("inter_node_all_reduce", ranks, 2 * (num_nodes - 1), inter,
-                         cluster, bw))
-    if k > 1:
-        phases.append(_phase("intra_node_all_gather", ranks, k - 1, intra, cluster, bw))
+    inter = [([m[local] for m in members], 2 * (num_nodes - 1) / num_nodes * size / k)
+             for local in range(k)]
+    phases.append(_ring_phase("inter_node_all_reduce", ranks, 2 * (num_nodes - 1), inter,
+                              cluster, bw))
+    if k > 1:  # the reduce-scatter's transfers again: its loads, under its own name
+        phases.append(dataclasses.replace(scatter, name="intra_node_all_gather"))
     return phases
 
 
@@ -462,8 +610,8 @@ def _ring_half(name: str) -> Callable[..., list[CommPhase]]:
     def build(ranks: tuple[int, ...], size: float, cluster: ClusterTopology,
               bw: dict[str, float]) -> list[CommPhase]:
         n = len(ranks)
-        return [_phase(name, ranks, n - 1, _ring_transfers(cluster, ranks, (n - 1) / n * size),
-                       cluster, bw)]
+        return [_ring_phase(name, ranks, n - 1,
+                            _weighted_rings(cluster, ranks, (n - 1) / n * size), cluster, bw)]
 
     return build
 

@@ -230,3 +230,31 @@ def rows_with_repeats(ptr: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["counting_order", "first_appearance", "merge_late", "queues", "reverse_csr", "rows_with_repeats"]
+
+
+_I = "int64[::1]"
+_SIGNATURES = (
+    (_counting_order, f"({_I}, int64)"),
+    (_sorted_within, f"({_I}, float64[::1])"),
+    (_merge_late, f"({_I}, {_I}, {_I}, {_I}, int64)"),
+    (_first_appearance, f"({_I}, int64)"),
+    (_reverse, f"({_I}, {_I}, int64)"),
+    (_queues, f"({_I}, {_I}, {_I}, int64, int64)"),
+    (_rows_with_repeats, f"({_I}, {_I})"),
+)
+"""Each kernel with the argument types task_table.py, program.py, the engine and result.py
+call it with (contiguous int64 / float64 arrays, int64 counts)."""
+_LOADED = [False]
+
+
+def load_kernels() -> None:
+    """Load (or compile, on a machine's first run) every kernel for the types its callers pass,
+    once per process: what their first calls would do, done up front. The Oracle calls it when
+    it switches to the compiled passes (`task_table.use_compiled_kernels`), so the load (about
+    45 ms from numba's disk cache, 7 kernels) is paid when the Oracle is made, not by whichever
+    plan of a search first crosses `COMPILED_FOR_MANY` entries."""
+    if _LOADED[0]:
+        return
+    for kernel, signature in _SIGNATURES:
+        kernel.compile(signature)
+    _LOADED[0] = True

@@ -306,8 +306,12 @@ def use_compiled_kernels() -> None:
     """From now on, in this process, run the compiled CSR kernels from `COMPILED_FOR_MANY`
     entries on (their results are numpy's; tests/simulator/test_csr_numba.py). Process-wide
     and not undone: after an Oracle, a single `simulate` compiles them too (once per machine;
-    numba caches them on disk)."""
+    numba caches them on disk). The kernels are loaded now (`csr_numba.load_kernels`), once
+    per process, rather than by the first program past the threshold."""
+    from trainsim.simulator.csr_numba import load_kernels  # deferred: numba start-up
+
     _THRESHOLD[0] = COMPILED_FOR_MANY
+    load_kernels()
 
 
 def _any_row(rows: np.ndarray, n: int) -> np.ndarray:

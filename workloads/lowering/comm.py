@@ -297,10 +297,15 @@ class CommLowering:
         shape_key = ("shape", kind, shape.key, size)
         entry = self._phase_cache.get(shape_key)
         if entry is None:
+            # planned on the group first planned of this shape (at any size), whose rings and
+            # link counts collectives.py then has (they do not depend on the size), and
+            # renamed onto this group: what planning this group gives, bit for bit (as below)
+            first = self._phase_cache.setdefault(("shape group", kind, shape.key),
+                                                 (group, shape))
+            rep_group, rep_shape = first
             algorithm = self.algorithm if kind == "all_reduce" else "auto"
-            phases = tuple(plan_measured(kind, group, size, self.topology, algorithm))
-            self._phase_cache[shape_key] = (group, shape, phases)
-            return phases
+            phases = tuple(plan_measured(kind, rep_group, size, self.topology, algorithm))
+            entry = self._phase_cache[shape_key] = (rep_group, rep_shape, phases)
         rep_group, rep_shape, phases = entry
         return _translated(rep_group, rep_shape, phases, group, shape)
 
