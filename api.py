@@ -741,7 +741,14 @@ def energy_dag(*, microbatches: int | None, profile: str | Path | None = None,
                             tp=tp, dp=dp, micro_batch_size=micro_batch_size, options=options)
 
 
-def energy_frontier(dag: Any, *, unit_s: float = 1e-3, out: Path | None = None,
+def energy_unit_s(dag: Any, unit_s: float | None) -> float:
+    """The crashing quantum: `unit_s`, or by default Lowtime's 1 ms shrunk to 5 % of the
+    shortest instruction (search/energy/point.py, `default_unit_s`)."""
+    from trainsim.search.energy.point import default_unit_s
+    return default_unit_s(dag.shortest_s()) if unit_s is None else unit_s
+
+
+def energy_frontier(dag: Any, *, unit_s: float | None = None, out: Path | None = None,
                     on_step: Callable[[int, int], None] | None = None,
                     model: str | None = None, cluster: str | None = None) -> dict[str, Any]:
     """Every frequency plan on the iteration time–energy frontier (Perseus / Lowtime's
@@ -750,7 +757,7 @@ def energy_frontier(dag: Any, *, unit_s: float = 1e-3, out: Path | None = None,
     frontier.html and the plan files there (plan files that name their run: `model`,
     `cluster` as the user gave them). Returns {"run", "lowered", "summary"}."""
     from trainsim.search.energy import planner  # deferred: start-up time (numba kernels)
-    run = planner.run_frontier(dag, unit_s, on_step=on_step)
+    run = planner.run_frontier(dag, energy_unit_s(dag, unit_s), on_step=on_step)
     lowered = planner.lowered_plans(dag, run)
     summary = planner.summary(dag, run, lowered)
     if out is not None:
@@ -763,7 +770,7 @@ def energy_frontier(dag: Any, *, unit_s: float = 1e-3, out: Path | None = None,
 
 
 def energy_pick(dag: Any, *, slowdown: float | None = None, deadline_s: float | None = None,
-                table: bool = False, unit_s: float = 1e-3, out: Path | None = None,
+                table: bool = False, unit_s: float | None = None, out: Path | None = None,
                 on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """The lowest-energy plan that finishes by a straggler's iteration time (`slowdown` × the
     all-max time, or `deadline_s`) and, with `table`, the savings for slowdowns 1.0–1.5. With
@@ -772,7 +779,7 @@ def energy_pick(dag: Any, *, slowdown: float | None = None, deadline_s: float | 
     if not table and slowdown is None and deadline_s is None:
         raise SpecError("give --straggler (slowdown factor), --deadline-s or "
                         "--straggler-table")
-    run = planner.run_frontier(dag, unit_s, on_step=on_step)
+    run = planner.run_frontier(dag, energy_unit_s(dag, unit_s), on_step=on_step)
     report = planner.straggler_pick(dag, run, slowdown=slowdown, deadline_s=deadline_s,
                                     table=table)
     summary = planner.pick_summary(dag, run, report)

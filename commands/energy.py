@@ -53,9 +53,10 @@ _DP = typer.Option(1, "--dp", help="Data-parallel degree (model mode).")
 _MBS = typer.Option(1, "--micro-batch-size", help="Samples per micro-batch (model mode).")
 _CAL = typer.Option(None, "--calibration", help="Calibration file from `sim calibrate` "
                     "(model mode): its fitted DVFS coefficients replace the catalog's.")
-_UNIT = typer.Option(1e-3, "--unit-s", help="Time quantum of the crashing steps (s); default "
-                     "1e-3 (Perseus/Lowtime's 1 ms). The steps grow as 1/unit: a larger unit "
-                     "is proportionally faster and coarser.")
+_UNIT = typer.Option(None, "--unit-s", help="Time quantum of the crashing steps (s); default "
+                     "Perseus/Lowtime's 1 ms, or 5 % of the shortest instruction where that is "
+                     "less. The steps grow as 1/unit: a larger unit is proportionally faster "
+                     "and coarser.")
 _OUT = typer.Option(None, "--out", help="Directory for plans.json and frontier.html.")
 _FORCE = typer.Option(False, "--force", help="Overwrite existing outputs.")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
@@ -136,13 +137,15 @@ def _progress(num_nodes: int, unit_s: float) -> Iterator[Callable[[int, int], No
 def frontier_command(profile: Path = _PROFILE, microbatches: int = _MB, gpu: str = _GPU,
                      blocking_power_w: float = _PB, model: str = _MODEL, cluster: str = _CLUSTER,
                      pp: int = _PP, tp: int = _TP, dp: int = _DP,
-                     micro_batch_size: int = _MBS, unit_s: float = _UNIT, out: Path = _OUT,
+                     micro_batch_size: int = _MBS, unit_s: float | None = _UNIT,
+                     out: Path = _OUT,
                      force: bool = _FORCE, as_json: bool = _JSON,
                      calibration: Path = _CAL) -> None:
     """Every frequency plan on the iteration time–energy frontier, with baselines."""
     check_out_dir(out, OUTPUT_FILES, force)
     dag = _dag(profile, microbatches, gpu, blocking_power_w, model, cluster, pp, tp, dp,
                micro_batch_size, calibration)
+    unit_s = api.energy_unit_s(dag, unit_s)
     _check_work(dag, unit_s)
     with _progress(dag.num_nodes, unit_s) as tick:
         res = api.energy_frontier(dag, unit_s=unit_s, out=out, on_step=tick, model=model,
@@ -184,7 +187,8 @@ def pick_command(straggler: float = typer.Option(None, "--straggler",
                  profile: Path = _PROFILE, microbatches: int = _MB, gpu: str = _GPU,
                  blocking_power_w: float = _PB, model: str = _MODEL, cluster: str = _CLUSTER,
                  pp: int = _PP, tp: int = _TP, dp: int = _DP,
-                 micro_batch_size: int = _MBS, unit_s: float = _UNIT, out: Path = _OUT,
+                 micro_batch_size: int = _MBS, unit_s: float | None = _UNIT,
+                 out: Path = _OUT,
                  force: bool = _FORCE, as_json: bool = _JSON,
                  calibration: Path = _CAL) -> None:
     """The lowest-energy plan that finishes by a straggler's iteration time.
@@ -198,6 +202,7 @@ def pick_command(straggler: float = typer.Option(None, "--straggler",
                             "--straggler-table")
     dag = _dag(profile, microbatches, gpu, blocking_power_w, model, cluster, pp, tp, dp,
                micro_batch_size, calibration)
+    unit_s = api.energy_unit_s(dag, unit_s)
     _check_work(dag, unit_s)
     with _progress(dag.num_nodes, unit_s) as tick:
         res = api.energy_pick(dag, slowdown=straggler, deadline_s=deadline_s,

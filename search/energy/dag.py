@@ -65,6 +65,11 @@ class InstructionDag:
         """Action string of node i, e.g. "2F3"."""
         return f"{int(self.stage[i])}{'FB'[int(self.kind[i])]}{int(self.micro_batch[i])}"
 
+    def shortest_s(self) -> float:
+        """The shortest instruction's time at its fastest clock (what a quantum must resolve)."""
+        return min((float(self.options(b)[1].min()) for b in range(len(self.block_keys))),
+                   default=0.0)
+
     def options(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(freq_mhz, time_s, energy_j) of one block, fastest clock first."""
         o = self.profile.options[self.block_keys[block]]

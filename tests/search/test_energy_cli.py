@@ -243,3 +243,26 @@ def test_over_an_hour_at_a_coarse_unit_is_refused_at_the_first_tick(tmp_path, mo
     res = CliRunner().invoke(app, ["frontier", "--profile", str(path), "--microbatches", "2",
                                    "--blocking-power-w", "10"])
     assert res.exit_code == 2 and "minutes of work; give --unit-s" in res.output
+
+
+def test_the_frontiers_fastest_plan_is_no_worse_than_envpipes() -> None:
+    """Model mode on a small model (3.4 ms forwards): with Lowtime's 1 ms quantum the fastest
+    frontier plan spent 54.89 J where EnvPipe's plan at the same time spends 54.65 J (the
+    planner bug hunt); the default quantum is now 5 % of the shortest instruction."""
+    res = CliRunner().invoke(app, ["frontier", "--model", "gpt3-125m", "--cluster",
+                                   "4xA100-SXM4-80GB", "--pp", "2", "--dp", "2",
+                                   "--microbatches", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    for name, base in doc["baselines"].items():
+        by_then = [p["energy_j"] for p in doc["frontier"]
+                   if p["time_s"] <= base["time_s"] * (1 + 1e-12)]
+        assert by_then and min(by_then) <= base["energy_j"] * (1 + 1e-6), name
+
+
+def test_default_quantum_resolves_the_shortest_instruction() -> None:
+    from trainsim.search.energy.point import DEFAULT_UNIT_S, default_unit_s
+
+    assert default_unit_s(0.1) == DEFAULT_UNIT_S  # Perseus's profiles: 45-115 ms stages
+    assert default_unit_s(0.004) == pytest.approx(0.0002)
+    assert default_unit_s(0.0) == DEFAULT_UNIT_S
