@@ -17,6 +17,8 @@ these blocks too.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainsim.workloads.sharding.graph import Node, SpmdGraph
@@ -106,4 +108,28 @@ def build_blocks(graph: SpmdGraph, mesh: DeviceMesh, recompute: bool = False) ->
     return blocks
 
 
-__all__ = ["Block", "build_blocks", "opens_block"]
+def with_plan_options(blocks: list[Block], strategies: Sequence[Strategy]) -> list[Block]:
+    """`blocks` with each block also offering the strategies a whole-graph plan gives its
+    nodes (`strategies`, one per node) where its own options lack them (twice, as is and
+    recomputing, for blocks that recompute). Used to put Megatron-LM's plan in the search's
+    space: CFP's propagation from each head strategy never reaches its vocabulary-parallel
+    embedding and head, so `sim search --method intraop` refused memory limits the Megatron
+    baseline meets (gpt3-125m on 4 A100s: least 3.56 GB, Megatron 3.10 GB; the planner bug
+    hunt)."""
+    out = []
+    for block in blocks:
+        opt = tuple(strategies[i] for i in block.nodes)
+        if opt in block.options:
+            out.append(block)
+            continue
+        if block.recompute:
+            half = len(block.options) // 2
+            options = block.options[:half] + (opt,) + block.options[half:] + (opt,)
+            flags = (False,) * (half + 1) + (True,) * (half + 1)
+        else:
+            options, flags = block.options + (opt,), ()
+        out.append(dataclasses.replace(block, options=options, recompute=flags))
+    return out
+
+
+__all__ = ["Block", "build_blocks", "opens_block", "with_plan_options"]

@@ -21,7 +21,7 @@ from typing import Any
 from trainsim.errors import PlanError, SpecError
 from trainsim.hwmodels.cluster import Cluster, parse_cluster
 from trainsim.search.intraop.alpa import IlpResult, solve_ilp
-from trainsim.search.intraop.blocks import Block, build_blocks
+from trainsim.search.intraop.blocks import Block, build_blocks, with_plan_options
 from trainsim.search.intraop.cfp import CfpSolver
 from trainsim.search.intraop.costs import AlphaBetaPricing, OraclePricing
 from trainsim.search.intraop.megatron import megatron_plan
@@ -173,6 +173,16 @@ def least_memory_bytes(problem: Problem) -> float:
     return float(sum(m.min() for m in problem.memory_bytes))
 
 
+def _with_megatron(blocks: list[Block], graph: SpmdGraph, mesh: DeviceMesh, dtype: str
+                   ) -> list[Block]:
+    """Beyond CFP and Alpa's blocks: Megatron-LM's plan (with and without sequence
+    parallelism) is in the space, so a search is never refused a limit the Megatron baseline
+    meets nor beaten by it where it fits (`blocks.with_plan_options`)."""
+    for sp in (False, True):
+        blocks = with_plan_options(blocks, megatron_plan(graph, mesh, dtype, sp).strategies)
+    return blocks
+
+
 def _no_fit(limit: float, least: float) -> IntraopMemoryError:
     return IntraopMemoryError(
         f"no sharding plan fits in {limit / GB:.2f} GB per GPU; the smallest limit any plan "
@@ -290,7 +300,7 @@ def run_intraop(model: str | ModelSpec, cluster: str | Cluster, *, method: str =
                                                       memory_limit_gb, dtype)
     start = time.perf_counter()
     graph = build_spmd_graph(build_graph(spec, global_batch, seq_len), layers)
-    blocks = build_blocks(graph, the_mesh)
+    blocks = _with_megatron(build_blocks(graph, the_mesh), graph, the_mesh, dtype)
     oracle = OraclePricing(cl, the_mesh, dtype)
     ilp = None
     if method == "alpa":
@@ -317,7 +327,8 @@ def run_intraop(model: str | ModelSpec, cluster: str | Cluster, *, method: str =
             # Beyond CFP: per-block recompute (Aceso) where memory binds. The DP counts what
             # blocks hold from forward to backward; a recomputed block's activations come
             # back during its backward, so the limit keeps room for the largest of them.
-            rblocks = build_blocks(graph, the_mesh, recompute=True)
+            rblocks = _with_megatron(build_blocks(graph, the_mesh, recompute=True), graph,
+                                     the_mesh, dtype)
             rproblem = build_problem(graph, rblocks, cl, oracle, engine=True, runs=runs)
             reserve = max((sum(saved_bytes(graph, st, n) for n, st in zip(b.nodes, opt,
                                                                             strict=True))
