@@ -33,10 +33,12 @@ alone it takes exactly as long as the N concurrent copies would, and beside othe
 link it gets N shares (program.py: shared links are counted in copies). On nodes whose GPUs are not
 wired alike (`node_symmetric` false: the DGX-1 hybrid cube-mesh, bridged A40 pairs) groups of
 one replica class can sit on links of different widths, and the folded collective takes the
-first group's links for all: an approximation. `python bench/folding.py` (GPT-3 1.3B, every
-dp × tp × pp; 2026-11-28): on 4, 8 and 16 V100-SXM2 folded time equals unfolded on 18 of 26
-plans and is −0.80 % to +1.72 % off on the others, energy up to 0.86 %; on 8 and 16 A100-SXM4
-(NVSwitch) all 20 are identical. There, `sim simulate --unfold` is the exact answer.
+slowest group's links for all (`CommLowering._representative_first`): an approximation that
+never runs faster than the replicas it stands for. `python bench/folding.py` (GPT-3 1.3B,
+every dp × tp × pp; 2026-11-28): on 4, 8 and 16 V100-SXM2 folded time equals unfolded on 22 of
+26 plans and is 0.03 % to 1.72 % slower on the others, energy up to 0.86 % (with the first
+group's links: 18 of 26, −0.80 % to +1.72 %); on 8 and 16 A100-SXM4 (NVSwitch) all 20 are
+identical. There, `sim simulate --unfold` is the exact answer.
 `LoweringOptions(fold=False)` lowers every GPU as its own rank (so do plans whose
 tensor-parallel groups mix GPU types, or whose stages have different replicas and mix GPU
 types inside a stage).
