@@ -420,6 +420,35 @@ class CommLowering:
                 else tuple(self.slowest_first(chain, copies))
         return found
 
+    def copies_alike(self, copies: Sequence[tuple[int, ...]]) -> bool:
+        """Whether groups running the same collective at once (the pairs of a stage boundary,
+        the tied embedding's groups) are wired alike, so each takes as long as any other and
+        the first may stand for all (`copy_times` times the first alone): member
+        by member on nodes of the same node groups, sharing nodes in the same pattern, at the
+        same GPUs where a node is not wired alike, each node carrying as many of the groups as
+        every other's. A cheap test on the placement alone (False: time them); remembered."""
+        key = ("alike", tuple(copies))
+        found = self._load_cache.get(key)
+        if found is not None:
+            return bool(found)
+        rank_node, rank_local, node_group = self.topology._placement
+        sym = self.topology._symmetric
+        load: Counter[int] = Counter(n for g in copies for n in {rank_node[r] for r in g})
+        first = None
+        found = True
+        for g in copies:
+            nodes = [rank_node[r] for r in g]
+            sig = (tuple(nodes.index(n) for n in nodes), tuple(node_group[n] for n in nodes),
+                   tuple(None if sym(n) else rank_local[r] for n, r in zip(nodes, g)),
+                   tuple(load[n] for n in nodes))
+            if first is None:
+                first = sig
+            elif sig != first:
+                found = False
+                break
+        self._load_cache[key] = found
+        return found
+
     def slowest_first(self, needs: Sequence[Need], copies: Sequence[tuple[int, ...]]
                       ) -> list[tuple[int, ...]]:
         """`copies` with the one that takes longest first (the first of equal ones; the rest
@@ -457,6 +486,8 @@ class CommLowering:
                         for lid in merged.links)
             return total
 
+        if len(copies) > 1 and self.copies_alike(copies):  # each takes as long as the first
+            return [alone(copies[0])] * len(copies)
         return [alone(group) for group in copies]
 
     def emit_planned(self, planned: PlannedComm, deps: Sequence[int], arg: int, meta: Meta

@@ -927,7 +927,8 @@ class _Lowering:
             # transfer is the slowest pair of the slowest chain
             chain = self._slowest_chain()
             ours = [p for p in pairs if p[0] in chain] or pairs
-            rep = next(p for p in self.comm.slowest_first(need, pairs) if p in ours)
+            rep = ours[0] if self.comm.copies_alike(pairs) \
+                else next(p for p in self.comm.slowest_first(need, pairs) if p in ours)
             comm = PlannedComm(template=self.comm.template(
                                    need, [rep, *(p for p in pairs if p != rep)],
                                    ("pp", src_s, dst_s)),
@@ -991,7 +992,9 @@ class _Lowering:
             for src_s, dst_s, nbytes in ((a, z, size),
                                          (z, a, size * layout.replica_batch_ratio(z, a, 0))):
                 pairs, per_pair = layout.p2p_pairs(src_s, dst_s, nbytes, 0)
-                hops.append((pairs, self.comm.copy_times([("p2p", per_pair)], pairs)))
+                # pairs wired alike add one time to every chain: no need to time them
+                hops.append((pairs, [0.0] * len(pairs) if self.comm.copies_alike(pairs)
+                             else self.comm.copy_times([("p2p", per_pair)], pairs)))
                 for x, y in pairs:
                     parent[root(x)] = root(y)
         total: dict[int, float] = {}
