@@ -2,7 +2,7 @@
 
 Loads the inputs, runs one planner through `search.planner.run_search` with a progress bar on
 stderr, prints a table (or one JSON object with `--json`), and with `--out DIR` writes the best
-plan as trainsim JSON, as Aceso's config JSON and — for uniform plans — as Megatron-LM flags,
+plan as trainsim JSON, as Aceso's config JSON and — for plans Megatron-LM runs — as Megatron-LM flags,
 plus the ranked plans and the search log. Ctrl-C stops the search and reports the best so far.
 Existing outputs are never overwritten without `--force`; the files hold no wall-clock figures,
 so the same search writes the same bytes. A search in which no candidate fits exits 1 (after
