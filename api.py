@@ -307,10 +307,14 @@ def estimate_tasks(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
                    options: LoweringOptions | None = None) -> int:
     """Tasks the lowered program of `plan` will have, without lowering all of it: a program
     grows linearly with the micro-batch count, so lower copies with k and 2k micro-batches
-    (k: two per pipeline stage, as 1F1B fills its pipeline) and extrapolate the line."""
+    (k: two per pipeline stage, as 1F1B fills its pipeline) and extrapolate the line. A plan
+    with explicit micro-batch lists (`micro_batches`, `replica_micro_batches`) or a
+    `dp_batch_split` is lowered as it is: its lists cannot be rebuilt at another count."""
     m = plan.num_micro_batches or 0  # set by ParallelPlan.build
     k = 2 * plan.pp * plan.virtual_stages
-    if plan.micro_batches is not None or plan.dp_batch_split is not None or m <= 2 * k:
+    if (plan.micro_batches is not None or plan.replica_micro_batches is not None
+            or plan.dp_batch_split is not None or m <= 2 * k):
+        # explicit lists (and uneven splits) fix the batch: lower the plan itself
         return lower(model, cluster, plan, options).num_tasks
 
     def tasks(count: int) -> int:
