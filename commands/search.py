@@ -53,7 +53,8 @@ _OUT = typer.Option(None, "--out", help="Folder for best_plan.json, aceso_config
 _FORCE = typer.Option(False, "--force", help="Overwrite existing outputs.")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
 _PRICE = typer.Option(None, "--price", help="GPU=USD per GPU-hour, overriding the catalog "
-                      "(repeatable), e.g. --price A10=1.5.")
+                      "(repeatable), e.g. --price A10=1.5; --out's best_plan.json records "
+                      "them, so `sim simulate --plan` prices the plan alike.")
 _TOKENS = typer.Option(None, "--tokens", help="Tokens the training run covers: prints its days "
                        "and dollars at the best plan's speed.")
 _BUDGET_USD = typer.Option(None, "--budget-usd", help="Fail (exit 1, saying how close the best "
@@ -127,7 +128,7 @@ def search_command(
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in api.search_files(result, model=model, cluster=cluster,
-                                           framework=framework).items():
+                                           framework=framework, prices=prices).items():
             (out / name).write_text(text)
             written.append(out / name)
     if as_json:
