@@ -240,13 +240,15 @@ def lowering_options(*, profile: str | Path | ProfiledCostModel | None = None,
 
 
 def save_plan(plan: ParallelPlan, path: str | Path, *, model: str, cluster: str,
-              framework: str | None = None) -> Path:
+              framework: str | None = None, prices: Mapping[str, float] | None = None) -> Path:
     """Write `plan` with its run (the model and cluster as the user named them, the framework
-    profile if any, trainsim's version), so `sim simulate --plan FILE` alone reproduces it.
-    Callers check the path first (commands/output.py)."""
+    profile if any, the GPU prices that overrode the catalog's if any, trainsim's version), so
+    `sim simulate --plan FILE` alone reproduces it. Callers check the path first
+    (commands/output.py)."""
     out = Path(path)
     make_parent(out).write_text(plan_file_text(plan, model=model, cluster=cluster,
-                                               framework=framework), encoding="utf-8")
+                                               framework=framework, prices=prices),
+                                encoding="utf-8")
     return out
 
 
@@ -307,10 +309,14 @@ def estimate_tasks(model: ModelSpec, cluster: Cluster, plan: ParallelPlan,
                    options: LoweringOptions | None = None) -> int:
     """Tasks the lowered program of `plan` will have, without lowering all of it: a program
     grows linearly with the micro-batch count, so lower copies with k and 2k micro-batches
-    (k: two per pipeline stage, as 1F1B fills its pipeline) and extrapolate the line."""
+    (k: two per pipeline stage, as 1F1B fills its pipeline) and extrapolate the line. A plan
+    with explicit micro-batch lists (`micro_batches`, `replica_micro_batches`) or a
+    `dp_batch_split` is lowered as it is: its lists cannot be rebuilt at another count."""
     m = plan.num_micro_batches or 0  # set by ParallelPlan.build
     k = 2 * plan.pp * plan.virtual_stages
-    if plan.micro_batches is not None or plan.dp_batch_split is not None or m <= 2 * k:
+    if (plan.micro_batches is not None or plan.replica_micro_batches is not None
+            or plan.dp_batch_split is not None or m <= 2 * k):
+        # explicit lists (and uneven splits) fix the batch: lower the plan itself
         return lower(model, cluster, plan, options).num_tasks
 
     def tasks(count: int) -> int:
@@ -699,15 +705,17 @@ def microbatch(model: str | ModelSpec, cluster: str | Cluster, dataset: LengthDa
 
 
 def search_files(result: SearchResult, *, model: str, cluster: str,
-                 framework: str | None = None) -> dict[str, str]:
+                 framework: str | None = None,
+                 prices: Mapping[str, float] | None = None) -> dict[str, str]:
     """The files `sim search --out` writes, by name: the best plan as a plan file that names
-    its run (`model`, `cluster` as the user gave them, the `framework` it was planned for),
-    Aceso's config and Megatron-LM flags, the ranked plans and the search log."""
+    its run (`model`, `cluster` as the user gave them, the `framework` it was planned for, the
+    `prices` it was priced with where they overrode the catalog's), Aceso's config and
+    Megatron-LM flags, the ranked plans and the search log."""
     files = search_output_files(result, result.spec.model, result.spec.cluster)
     best = result.best
     if best is not None and best.plan is not None:
         files["best_plan.json"] = plan_file_text(best.plan, model=model, cluster=cluster,
-                                                 framework=framework)
+                                                 framework=framework, prices=prices)
     return files
 
 

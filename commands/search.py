@@ -2,7 +2,7 @@
 
 Loads the inputs, runs one planner through `search.planner.run_search` with a progress bar on
 stderr, prints a table (or one JSON object with `--json`), and with `--out DIR` writes the best
-plan as trainsim JSON, as Aceso's config JSON and — for uniform plans — as Megatron-LM flags,
+plan as trainsim JSON, as Aceso's config JSON and — for plans Megatron-LM runs — as Megatron-LM flags,
 plus the ranked plans and the search log. Ctrl-C stops the search and reports the best so far.
 Existing outputs are never overwritten without `--force`; the files hold no wall-clock figures,
 so the same search writes the same bytes. A search in which no candidate fits exits 1 (after
@@ -53,7 +53,8 @@ _OUT = typer.Option(None, "--out", help="Folder for best_plan.json, aceso_config
 _FORCE = typer.Option(False, "--force", help="Overwrite existing outputs.")
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")
 _PRICE = typer.Option(None, "--price", help="GPU=USD per GPU-hour, overriding the catalog "
-                      "(repeatable), e.g. --price A10=1.5.")
+                      "(repeatable), e.g. --price A10=1.5; --out's best_plan.json records "
+                      "them, so `sim simulate --plan` prices the plan alike.")
 _TOKENS = typer.Option(None, "--tokens", help="Tokens the training run covers: prints its days "
                        "and dollars at the best plan's speed.")
 _BUDGET_USD = typer.Option(None, "--budget-usd", help="Fail (exit 1, saying how close the best "
@@ -127,7 +128,7 @@ def search_command(
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in api.search_files(result, model=model, cluster=cluster,
-                                           framework=framework).items():
+                                           framework=framework, prices=prices).items():
             (out / name).write_text(text)
             written.append(out / name)
     if as_json:

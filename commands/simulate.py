@@ -20,6 +20,7 @@ from rich.table import Table
 from trainsim import api
 from trainsim.commands.output import check_new_file, echo_json, stderr_console, user_errors
 from trainsim.errors import PlanError, SpecError
+from trainsim.search.hetero.objectives import parse_prices, with_prices
 from trainsim.simulator.chrome_trace import write_chrome_trace
 from trainsim.simulator.result import SimResult
 from trainsim.simulator.timeline_groups import (
@@ -133,6 +134,10 @@ def simulate_command(
                                   "(checked before the work starts)."),
     allow_oom: bool = typer.Option(False, "--allow-oom", help="Exit 0 even when the plan does "
                                    "not fit in memory (default: report it and exit 3)."),
+    price: list[str] | None = typer.Option(None, "--price", help="GPU=USD per GPU-hour, "
+                                           "overriding the catalog (repeatable), e.g. --price "
+                                           "A10=1.5 [default: the --plan file's prices, which "
+                                           "sim search --price records, else the catalog's]."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Simulate one training iteration and report time, throughput, memory and energy.
@@ -149,6 +154,7 @@ def simulate_command(
     if saved is not None and framework is not None and saved.framework not in (None, framework):
         typer.echo(f"override: --framework {framework} (plan file: {saved.framework})", err=True)
     framework = framework or (saved and saved.framework) or None
+    prices = _prices(saved, parse_prices(price))
     given = {"dp": dp, "tp": tp, "pp": pp, "sp": sp, "cp": cp, "ep": ep, "micro_batch_size": micro_batch,
              "global_batch": global_batch, "seq_len": seq_len, "schedule": schedule,
              "virtual_stages": virtual_stages, "zero": zero, "freq_mhz": freq_mhz,
@@ -166,7 +172,7 @@ def simulate_command(
     with console.status("resolving model and cluster..."):
         cost = api.cost_model_for(cluster, profile)
         spec = api.load_model(model)
-        hw = api.load_cluster(cluster, profile=cost)
+        hw = with_prices(api.load_cluster(cluster, profile=cost), prices)
     plan = api.make_plan(spec, hw, None if saved is None else saved.fields, **given,
                          framework=framework, attention=attention)
     if global_batch is None and saved is None and plan.global_batch != DEFAULT_GLOBAL_BATCH:
@@ -182,7 +188,8 @@ def simulate_command(
                               options=options, framework=framework, attention=attention,
                               on_progress=on_progress, max_tasks=max_tasks)
     if save_plan:
-        api.save_plan(plan, save_plan, model=model, cluster=cluster, framework=framework)
+        api.save_plan(plan, save_plan, model=model, cluster=cluster, framework=framework,
+                      prices=prices)
     if timeline:
         with console.status("drawing the timeline..."):
             write_timeline_html(result, timeline, focus_rank=timeline_rank)
@@ -239,6 +246,18 @@ def _split(text: str | None) -> list[int] | None:
     except ValueError:
         raise PlanError(f"--dp-batch-split={text!r} must be comma-separated sample counts, one "
                         f"per data-parallel replica, e.g. 16,16,8,8") from None
+
+
+def _prices(saved: api.PlanFile | None, given: dict[str, float]) -> dict[str, float]:
+    """The GPU prices of the run: the plan file's (what its search was priced with), each
+    --price overriding (printed when it changes the file's)."""
+    prices = dict(saved.prices or {}) if saved is not None else {}
+    for name, usd in given.items():
+        if name in prices and prices[name] != usd:
+            typer.echo(f"override: --price {name}={usd:g} (plan file: {prices[name]:g})",
+                       err=True)
+        prices[name] = usd
+    return prices
 
 
 def _print_overrides(saved: api.PlanFile, model: str, cluster: str,

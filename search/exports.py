@@ -16,11 +16,11 @@
   flags that differ between layers of one stage become the union of recomputed op names
   (trainsim's recompute is per stage), and so must per-op degrees (one degree per op name
   per stage, else a SpecError).
-* Megatron-LM flags exist for uniform plans only (one tp, one dp, even split, no per-op
-  degrees):
-  ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, ``--micro-batch-size``,
-  ``--global-batch-size``, ``--recompute-granularity full --recompute-method uniform
-  --recompute-num-layers 1`` or ``--recompute-granularity selective``.
+* Megatron-LM flags exist only for plans Megatron-LM runs as they are (`megatron_blocker`):
+  one tp and dp, an even layer split and batch split, none/selective/full recompute, 1F1B or
+  interleaved, ZeRO 0/1, no per-op degrees, GPU clocks or placement. `to_megatron_flags` lists
+  the flags (and the Megatron-LM source they were checked against); for any other plan
+  megatron_flags.txt is one comment line naming the field that prevents it.
 """
 
 from __future__ import annotations
@@ -184,39 +184,137 @@ def _stage_degrees(config: dict[str, Any], s: int, ops: list[tuple[str, list[str
     return out
 
 
-def is_uniform(plan: ParallelPlan, num_layers: int) -> bool:
-    """One tp, one dp, one recompute policy (none/selective/full), an even layer split and
-    no per-op degrees."""
+MEGATRON_SCHEDULES = ("1f1b", "interleaved")
+"""trainsim schedules Megatron-LM runs: 1F1B (forward_backward_pipelining_without_interleaving,
+and forward_backward_no_pipelining at pp 1) and the interleaved 1F1B of virtual stages."""
+
+
+def megatron_blocker(plan: ParallelPlan, num_layers: int) -> str | None:
+    """None when Megatron-LM's flags express `plan` exactly, else the first field that
+    prevents it, named ``plan.<field>=<value> (why)`` (see `to_megatron_flags`)."""
     pp = plan.pp
-    if any(plan.has_op_tp(s) for s in range(pp)):
-        return False
-    tps = {plan.tp_of_stage(s) for s in range(pp)}
-    dps = {plan.dp_of_stage(s) for s in range(pp)}
-    rcs = {str(plan.recompute_of_stage(s)) for s in range(pp)}
+    if plan.micro_batches is not None:
+        return ("plan.micro_batches (explicit variable-shape micro-batches; Megatron-LM runs "
+                "one --micro-batch-size)")
+    if plan.replica_micro_batches is not None:
+        return ("plan.replica_micro_batches (each replica's own variable micro-batches; "
+                "Megatron-LM runs one --micro-batch-size on every rank)")
+    split = plan.dp_batch_split
+    if split is not None and len(set(split)) > 1:
+        return (f"plan.dp_batch_split={list(split)} (uneven per-replica batches; Megatron-LM "
+                "splits --global-batch-size evenly over the data-parallel ranks)")
+    per_op = [s for s in range(pp) if plan.has_op_tp(s)]
+    if per_op:
+        return (f"plan.op_tp/stage_op_tp (per-op degrees on stages {per_op}; Megatron-LM runs "
+                "one tensor-parallel degree)")
+    if len({plan.tp_of_stage(s) for s in range(pp)}) > 1:
+        return (f"plan.stage_tp={[plan.tp_of_stage(s) for s in range(pp)]} (per-stage "
+                "tensor-parallel degrees; Megatron-LM runs one)")
+    if len({plan.dp_of_stage(s) for s in range(pp)}) > 1:
+        return (f"plan.stage_gpus={[plan.gpus_of_stage(s) for s in range(pp)]} (per-stage "
+                "data-parallel degrees; Megatron-LM runs one)")
+    rcs = [plan.recompute_of_stage(s) for s in range(pp)]
+    if len({str(r) for r in rcs}) > 1:
+        return (f"plan.stage_recompute={[r if isinstance(r, str) else list(r) for r in rcs]} "
+                "(per-stage recompute; Megatron-LM recomputes alike on every stage)")
+    if not isinstance(rcs[0], str):
+        return (f"plan.recompute={list(rcs[0])} (an op list; Megatron-LM's flags give "
+                "--recompute-granularity full or selective)")
     layers = plan.layers_per_stage(num_layers)
-    return (len(tps) == len(dps) == len(rcs) == 1 and rcs <= {"none", "selective", "full"}
-            and max(layers) - min(layers) == 0 and plan.virtual_stages == 1)
+    if max(layers) != min(layers):
+        field = "plan.stage_layers" if plan.stage_layers is not None else "layers per stage"
+        return (f"{field}={list(layers)} (not an even split of {num_layers} layers over "
+                f"{plan.num_stages} stages; Megatron-LM's flags give one split)")
+    if plan.schedule not in MEGATRON_SCHEDULES:
+        return (f"plan.schedule={plan.schedule!r} (Megatron-LM runs 1F1B, or interleaved 1F1B "
+                "with virtual stages)")
+    if plan.zero >= 2:
+        return (f"plan.zero={plan.zero} (ZeRO-{plan.zero}; Megatron-LM's "
+                "--use-distributed-optimizer shards optimizer states only, ZeRO-1)")
+    if plan.overlap_param_gather and not plan.overlap_grad_reduce:
+        return ("plan.overlap_param_gather without plan.overlap_grad_reduce (Megatron-LM "
+                "requires --overlap-grad-reduce with --overlap-param-gather)")
+    if plan.tp_comm_overlap and not plan.sp:
+        return ("plan.tp_comm_overlap without plan.sp (Megatron-LM's --tp-comm-overlap "
+                "requires --sequence-parallel)")
+    if plan.ep > 1:
+        return (f"plan.ep={plan.ep} (trainsim's expert placement over dp×tp is not mapped to "
+                "Megatron-LM's expert-parallel flags)")
+    if plan.freq_mhz is not None or plan.stage_freq_mhz is not None \
+            or plan.instruction_freq_mhz:
+        return ("plan.freq_mhz/stage_freq_mhz/instruction_freq_mhz (GPU clocks are no "
+                "Megatron-LM flag)")
+    if plan.placement is not None:
+        return f"plan.placement={list(plan.placement)} (stage placement is no Megatron-LM flag)"
+    if plan.node_order is not None and plan.node_order != tuple(range(len(plan.node_order))):
+        return (f"plan.node_order={list(plan.node_order)} (device placement is no Megatron-LM "
+                "flag)")
+    return None
+
+
+def is_uniform(plan: ParallelPlan, num_layers: int) -> bool:
+    """Whether Megatron-LM's flags express `plan` exactly (`megatron_blocker` is None): one
+    tp and dp, an even layer split and batch split, none/selective/full recompute, 1F1B or
+    interleaved, ZeRO 0/1, no per-op degrees, frequencies or placement (a node_order in the
+    order the cluster is written is the launch order, fine)."""
+    return megatron_blocker(plan, num_layers) is None
+
+
+def megatron_data_parallel(plan: ParallelPlan) -> int:
+    """Megatron-LM's data-parallel size of a uniform plan (world size / (tp·pp·cp))."""
+    return plan.dp if plan.stage_gpus is None else plan.dp_of_stage(0)
 
 
 def to_megatron_flags(plan: ParallelPlan, model: ModelSpec) -> str:
-    """Megatron-LM command-line flags of a uniform plan.
+    """Megatron-LM command-line flags that run `plan` (one line), for a plan it can run.
+
+    Megatron-LM has no data-parallel flag: its dp is world size / (tp·pp·cp), so the plan's
+    dp is the number of GPUs it is launched on (`search_output_files` writes that as a comment
+    line above the flags). Emitted: ``--tensor-model-parallel-size``,
+    ``--pipeline-model-parallel-size``, ``--context-parallel-size`` (cp > 1),
+    ``--num-layers-per-virtual-pipeline-stage`` (interleaved), ``--micro-batch-size`` (samples
+    per data-parallel rank), ``--global-batch-size``, ``--seq-length`` (a plan seq_len),
+    ``--sequence-parallel``, ``--recompute-granularity full --recompute-method uniform
+    --recompute-num-layers 1`` or ``--recompute-granularity selective`` (core attention,
+    Megatron's default recompute module), ``--use-distributed-optimizer`` (ZeRO-1),
+    ``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--tp-comm-overlap``, ``--fp16`` /
+    ``--bf16`` (fp32: no flag, Megatron's default).
+
+    Flag names checked against NVIDIA/Megatron-LM at d98e8a64 (2026-08-22):
+    megatron/training/arguments.py defines --num-layers-per-virtual-pipeline-stage,
+    --overlap-grad-reduce, --overlap-param-gather (asserts --use-distributed-optimizer and
+    --overlap-grad-reduce), --use-distributed-optimizer, --seq-length, and asserts
+    --tp-comm-overlap needs --sequence-parallel; the rest are generated from dataclass fields
+    by argument_utils.ArgumentGroupFactory ("--" + name.replace("_", "-")):
+    core/model_parallel_config.py's tensor_model_parallel_size, pipeline_model_parallel_size,
+    context_parallel_size, sequence_parallel, fp16, bf16, tp_comm_overlap;
+    core/transformer/transformer_config.py's recompute_granularity, recompute_method,
+    recompute_num_layers; training/config/training_config.py's micro_batch_size,
+    global_batch_size.
 
     Raises:
-        SpecError: the plan is not uniform (Megatron-LM runs one tp/dp and an even split).
+        SpecError: Megatron-LM cannot run the plan; the message names the field
+            (`megatron_blocker`).
     """
     blocks = len(build_graph(model, 1).transformer_layers())
-    if not is_uniform(plan, blocks):
-        per_op = [s for s in range(plan.pp) if plan.has_op_tp(s)]
-        raise SpecError("Megatron-LM flags need a uniform plan (one tp and dp for every stage "
-                        "and op, layers split evenly); this plan has stage_layers="
-                        f"{list(plan.layers_per_stage(blocks))}, "
-                        f"tp={[plan.tp_of_stage(s) for s in range(plan.pp)]}"
-                        + (f", per-op degrees on stages {per_op}" if per_op else ""))
-    dp = plan.dp_of_stage(0)
-    mbs = plan.micro_batch_size * (plan.dp if plan.stage_gpus is None else 1) // dp
+    blocker = megatron_blocker(plan, blocks)
+    if blocker is not None:
+        raise SpecError("Megatron-LM flags need a uniform plan Megatron-LM can run; this plan "
+                        f"has {blocker}")
+    dp = megatron_data_parallel(plan)
+    mbs = plan.micro_batch_size if plan.stage_gpus is None else plan.micro_batch_size // dp
+    assert plan.num_micro_batches is not None  # set in __post_init__
+    gbs = plan.global_batch or mbs * dp * plan.num_micro_batches
     flags = [f"--tensor-model-parallel-size {plan.tp_of_stage(0)}",
-             f"--pipeline-model-parallel-size {plan.pp}",
-             f"--micro-batch-size {mbs}", f"--global-batch-size {plan.global_batch}"]
+             f"--pipeline-model-parallel-size {plan.pp}"]
+    if plan.cp > 1:
+        flags.append(f"--context-parallel-size {plan.cp}")
+    if plan.virtual_stages > 1:
+        per_chunk = plan.layers_per_stage(blocks)[0]
+        flags.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
+    flags += [f"--micro-batch-size {mbs}", f"--global-batch-size {gbs}"]
+    if plan.seq_len is not None:
+        flags.append(f"--seq-length {plan.seq_len}")
     if plan.sp:
         flags.append("--sequence-parallel")
     rc = plan.recompute_of_stage(0)
@@ -225,16 +323,33 @@ def to_megatron_flags(plan: ParallelPlan, model: ModelSpec) -> str:
                      "--recompute-num-layers 1")
     elif rc == "selective":
         flags.append("--recompute-granularity selective")
-    if plan.zero >= 1:
+    if plan.zero == 1:
         flags.append("--use-distributed-optimizer")
-    if plan.overlap_grad_reduce and plan.dp_of_stage(0) > 1:
+    if plan.overlap_grad_reduce and (dp > 1 or plan.overlap_param_gather):
         flags.append("--overlap-grad-reduce")  # off in Megatron-LM unless given
     if plan.overlap_param_gather:
         flags.append("--overlap-param-gather")
+    if plan.tp_comm_overlap:
+        flags.append("--tp-comm-overlap")
+    if plan.dtype in ("fp16", "bf16"):
+        flags.append(f"--{plan.dtype}")
     return " ".join(flags)
 
 
-__all__ = ["from_aceso_config", "is_uniform", "to_aceso_config", "to_megatron_flags"]
+def megatron_flags_file(plan: ParallelPlan, model: ModelSpec) -> str:
+    """megatron_flags.txt: a comment line with the world size the flags assume, then the flags;
+    or one comment line naming the field Megatron-LM cannot run."""
+    blocker = megatron_blocker(plan, len(build_graph(model, 1).transformer_layers()))
+    if blocker is not None:
+        return f"# no Megatron-LM flags: this plan has {blocker}\n"
+    flags = to_megatron_flags(plan, model)
+    dp, tp, cp = megatron_data_parallel(plan), plan.tp_of_stage(0), plan.cp
+    return (f"# launch on {dp * cp * tp * plan.pp} GPUs: Megatron-LM's data-parallel size = "
+            f"world size / (tp {tp} x pp {plan.pp} x cp {cp}) = {dp}\n{flags}\n")
+
+
+__all__ = ["MEGATRON_SCHEDULES", "from_aceso_config", "is_uniform", "megatron_blocker",
+           "megatron_flags_file", "to_aceso_config", "to_megatron_flags"]
 
 
 SEARCH_OUTPUT_FILES = ("best_plan.json", "aceso_config.json", "megatron_flags.txt",
@@ -245,8 +360,9 @@ SEARCH_OUTPUT_FILES = ("best_plan.json", "aceso_config.json", "megatron_flags.tx
 def search_output_files(result: SearchResult, model: ModelSpec, cluster: Cluster
                         ) -> dict[str, str]:
     """The text of each file a search writes: ranked.json and search_log.json always; with a
-    best plan also best_plan.json, aceso_config.json and megatron_flags.txt (a comment line
-    for a non-uniform plan). No wall-clock figures (elapsed_s, search_s): the same search
+    best plan also best_plan.json, aceso_config.json and megatron_flags.txt
+    (`megatron_flags_file`: the world size and the flags, or one comment line naming the field
+    Megatron-LM cannot run). No wall-clock figures (elapsed_s, search_s): the same search
     writes the same bytes."""
     data = result.to_dict()
     files = {"ranked.json": json.dumps(data["ranked"], indent=2, sort_keys=True) + "\n",
@@ -258,9 +374,5 @@ def search_output_files(result: SearchResult, model: ModelSpec, cluster: Cluster
     files["best_plan.json"] = best.plan.to_json()
     config = to_aceso_config(best.plan, model, cluster)
     files["aceso_config.json"] = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    try:
-        flags = to_megatron_flags(best.plan, model)
-    except SpecError as exc:
-        flags = f"# not a uniform plan: {exc}"
-    files["megatron_flags.txt"] = flags + "\n"
+    files["megatron_flags.txt"] = megatron_flags_file(best.plan, model)
     return files

@@ -5,7 +5,9 @@ uniform plans: tp × pp × dp = the GPU count, layers split evenly over the pp s
 micro-batch size, full activation recompute on or off. `GridPlanner` enumerates that space in a
 fixed order, asks the Oracle about every point, and reports the ones that do not build
 (PlanError: e.g. tp not dividing the head count) or do not fit memory as infeasible records —
-nothing is silently skipped.
+nothing is silently skipped: a dp the global batch does not divide over (global batch 6 on 4
+GPUs: dp 4), or a given micro-batch size that does not divide a replica's samples, is one
+infeasible record whose note says "skipped" and why.
 
 **Pruning** (on by default, `prune`): once `top_k` fitting plans are known, a candidate whose
 proven lower bound on its iteration time (search/bound.py, compute alone) is no faster than the
@@ -52,18 +54,33 @@ class GridPlanner:
             for pp in _divisors(n // tp):
                 dp = n // (tp * pp)
                 if batch % dp:
+                    # no micro-batch size fits: one point that does not build, so the log
+                    # (and the result's infeasible count) says why this dp was left out
+                    why = f"global batch {batch} does not divide over dp={dp}"
+                    yield (self._point(dp, tp, pp, 1, batch),
+                           f"grid dp={dp} tp={tp} pp={pp} skipped: {why}")
                     continue
                 sizes = self.micro_batch_sizes or tuple(
                     2**k for k in range(31) if 2**k <= self.max_micro_batch_size
                     and (batch // dp) % 2**k == 0)
                 for mbs in sizes:
                     if (batch // dp) % mbs:
+                        why = (f"{batch // dp} samples per replica do not divide into "
+                               f"micro-batches of {mbs}")
+                        yield (self._point(dp, tp, pp, mbs, batch),
+                               f"grid dp={dp} tp={tp} pp={pp} mbs={mbs} skipped: {why}")
                         continue
                     for rc in self.recompute:
                         fields = {"dp": dp, "tp": tp, "pp": pp, "micro_batch_size": mbs,
                                   "global_batch": batch, "recompute": rc,
                                   "schedule": self.schedule}
                         yield fields, f"grid dp={dp} tp={tp} pp={pp} mbs={mbs} rc={rc}"
+
+    def _point(self, dp: int, tp: int, pp: int, mbs: int, batch: int) -> dict[str, Any]:
+        """Plan fields of a skipped point (the first recompute policy): it does not build, and
+        its PlanError is what the log reports."""
+        return {"dp": dp, "tp": tp, "pp": pp, "micro_batch_size": mbs, "global_batch": batch,
+                "recompute": self.recompute[0], "schedule": self.schedule}
 
     def steps(self, state: SearchState) -> Iterator[SearchRecord]:
         """Evaluate every grid point (but the pruned ones) until done or out of time."""

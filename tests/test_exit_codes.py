@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from trainsim.cli import main
+from trainsim.hwmodels.cluster import Cluster
+from trainsim.workloads.model import ModelSpec
+from trainsim.workloads.plan import ParallelPlan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,3 +153,42 @@ def test_version_prints_and_exits_0(sim) -> None:
 
     code, out, _ = sim(["--version"])
     assert code == 0 and out.strip() == f"trainsim {TRAINSIM_VERSION}"
+
+
+def _replica_list_plan() -> tuple[ModelSpec, Cluster, ParallelPlan]:
+    """dp 2 pp 2 with each replica's own variable micro-batches (what `sim microbatch` saves):
+    9 and 8 micro-batches, more than the estimate's 2·k = 8, so it used to extrapolate."""
+    from trainsim import api
+    from trainsim.workloads.plan import MicroBatch
+
+    model, hw = api.load_model("gpt3-125m"), api.load_cluster("1x4xA100-SXM4-40GB")
+    lists = (tuple(MicroBatch(batch_size=1 + i % 3, seq_len=256 * (1 + i % 4)) for i in range(9)),
+             tuple(MicroBatch(batch_size=2, seq_len=512) for _ in range(8)))
+    return model, hw, ParallelPlan.build(model, hw, dp=2, pp=2, replica_micro_batches=lists)
+
+
+def test_the_work_estimate_lowers_replica_micro_batch_lists() -> None:
+    """estimate_tasks rebuilt the plan at another global_batch but kept the lists: PlanError
+    'plan.global_batch=8 but plan.replica_micro_batches hold 34 samples'."""
+    from trainsim import api
+    from trainsim.workloads.lowering import lower
+
+    model, hw, plan = _replica_list_plan()
+    assert api.estimate_tasks(model, hw, plan) == lower(model, hw, plan).num_tasks
+
+
+def test_a_saved_variable_micro_batch_plan_simulates_again(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The bug hunt's F5: a plan saved from `sim microbatch` exited 2 under
+    `sim simulate --plan`; now it runs and gives the iteration time api.simulate gives."""
+    import json
+
+    from trainsim import api
+
+    model, hw, plan = _replica_list_plan()
+    path = api.save_plan(plan, tmp_path / "mb_plan.json", model="gpt3-125m",
+                         cluster="1x4xA100-SXM4-40GB")
+    code, out, err = _run(capsys, "simulate", "--plan", str(path), "--json")
+    assert code == 0, err
+    expected = api.simulate(model, hw, plan).iteration_time_s
+    assert json.loads(out)["iteration_time_s"] == pytest.approx(expected)

@@ -944,9 +944,10 @@ class ParallelPlan:
         return dataclasses.replace(self, **changes)
 
 
-RUN_KEYS = ("model", "cluster", "framework", "trainsim_version")
+RUN_KEYS = ("model", "cluster", "framework", "trainsim_version", "prices")
 """Keys a saved plan file carries beside the plan's fields, so the file alone reproduces the
-run (workloads/plan_file.py); "framework" only where the run named one."""
+run (workloads/plan_file.py); "framework" only where the run named one, "prices" (USD per
+GPU-hour by GPU type, `--price`) only where the run overrode the catalog's."""
 
 
 def _group_gpus(group: Any) -> int:

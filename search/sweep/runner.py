@@ -186,7 +186,8 @@ def run_scenario(s: Scenario) -> dict[str, Any]:
                              memory_limit_bytes=None if limit is None else limit * 1e9,
                              time_budget_s=p["time_budget_s"], objective=p["objective"],
                              top_k=1)
-        result = run_search(get_planner(p["method"]), request, oracle=oracle)
+        options = {} if p.get("max_evals") is None else {"max_evals": p["max_evals"]}
+        result = run_search(get_planner(p["method"], **options), request, oracle=oracle)
         best = result.best
         if best is None or best.plan is None:
             row.update(_failed(f"no plan found: {result.no_fit_reason()}"))

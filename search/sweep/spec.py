@@ -9,6 +9,7 @@ A spec names models × clusters × plans (or planners) × knobs::
       - {dp: 2, tp: 2}
     planners:                               # or/and: run a planner, record its best plan
       - {method: grid, time_budget_s: 5}
+      - {method: hetero, max_evals: 200}     # hetero/fasop/uniform: counted, not timed
     knobs:                                  # any ParallelPlan field -> the values to try
       global_batch: [64, 128]
       recompute: [none, full]
@@ -48,7 +49,7 @@ import yaml
 
 from trainsim.errors import DataFileError, SpecError, TrainsimError, read_user_text, unknown_name
 from trainsim.hwmodels.cluster import parse_cluster
-from trainsim.search.methods import PLANNERS
+from trainsim.search.methods import EVALUATION_BUDGET_METHODS, PLANNERS
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.plan_file import TRAINSIM_VERSION
 from trainsim.workloads.zoo import get_model
@@ -63,8 +64,11 @@ SPEC_KEYS = ("models", "clusters", "plans", "planners", "knobs", "description")
 PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(ParallelPlan))
 """Names a plan entry or a knob may set."""
 
-PLANNER_KEYS = ("method", "time_budget_s", "objective", "memory_limit_gb")
-"""Keys of a planner entry: `method` (required) and the options `sim search` takes."""
+PLANNER_KEYS = ("method", "time_budget_s", "objective", "memory_limit_gb", "max_evals")
+"""Keys of a planner entry: `method` (required) and the options `sim search` takes;
+`max_evals` (hetero, fasop, uniform: `sim search --max-evals`) bounds the search by Oracle
+evaluations, so its row is the same on any machine whenever that budget runs out before
+`time_budget_s`."""
 
 PLANNER_KNOBS = ("global_batch",)
 """The knobs a planner scenario takes (a planner chooses every other plan field)."""
@@ -265,6 +269,15 @@ def _planner(entry: dict[str, Any], where: str) -> dict[str, Any]:
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
             raise SpecError(f"{where}: memory_limit_gb={limit!r} must be a positive number")
         out["memory_limit_gb"] = float(limit)
+    evals = entry.get("max_evals")
+    if evals is not None:
+        if isinstance(evals, bool) or not isinstance(evals, int) or evals < 1:
+            raise SpecError(f"{where}: max_evals={evals!r} must be a whole number >= 1")
+        if method not in EVALUATION_BUDGET_METHODS:
+            raise SpecError(f"{where}: max_evals applies to "
+                            f"{', '.join(EVALUATION_BUDGET_METHODS)}; method {method} is "
+                            f"bounded by time_budget_s only")
+        out["max_evals"] = evals
     return out
 
 

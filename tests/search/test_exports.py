@@ -7,7 +7,12 @@ import pytest
 
 from trainsim.errors import SpecError
 from trainsim.hwmodels.cluster import parse_cluster
-from trainsim.search.exports import from_aceso_config, to_aceso_config, to_megatron_flags
+from trainsim.search.exports import (
+    from_aceso_config,
+    megatron_flags_file,
+    to_aceso_config,
+    to_megatron_flags,
+)
 from trainsim.search.oracle import Oracle
 from trainsim.workloads.plan import ParallelPlan
 from trainsim.workloads.zoo import get_model
@@ -111,3 +116,109 @@ def test_conflicting_per_op_degrees_are_refused(oracle: Oracle) -> None:
     config["data_parallel_size_of_each_op"][1][first] = 2
     with pytest.raises(SpecError, match=r"tp 2 × dp 2 != num_gpus\[1\]=2"):
         from_aceso_config(config, oracle.model)
+
+
+# ------------------------------------------------ Megatron-LM flags: every field, or none
+HETERO = parse_cluster("1x4xA100-SXM4-40GB+1x4xA10")
+
+
+def _flags(**fields) -> str:
+    model = get_model("gpt3-350m")  # 24 layers
+    base = {"dp": 4, "tp": 2, "pp": 1, "micro_batch_size": 2, "global_batch": 32}
+    return to_megatron_flags(ParallelPlan.build(model, HETERO, **{**base, **fields}), model)
+
+
+@pytest.mark.parametrize(("fields", "flag"), [
+    ({}, ("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 "
+          "--micro-batch-size 2 --global-batch-size 32")),
+    ({"dp": 2, "tp": 1, "pp": 4, "micro_batch_size": 1, "schedule": "interleaved",
+      "virtual_stages": 2}, "--num-layers-per-virtual-pipeline-stage 3"),  # 24 / (4·2)
+    ({"dp": 2, "tp": 2, "cp": 2}, "--context-parallel-size 2 --micro-batch-size 2"),  # was 1
+    ({"seq_len": 1024}, "--seq-length 1024"),
+    ({"sp": True}, "--sequence-parallel"),
+    ({"recompute": "full"}, ("--recompute-granularity full --recompute-method uniform "
+                             "--recompute-num-layers 1")),
+    ({"recompute": "selective"}, "--recompute-granularity selective"),
+    ({"zero": 1}, "--use-distributed-optimizer"),
+    ({"zero": 1, "overlap_param_gather": True}, "--overlap-grad-reduce --overlap-param-gather"),
+    ({"sp": True, "tp_comm_overlap": True}, "--tp-comm-overlap"),
+    ({"dtype": "fp16"}, "--fp16"),
+    ({"dtype": "bf16"}, "--bf16"),
+    ({"dp_batch_split": [8, 8, 8, 8]}, "--micro-batch-size 2 --global-batch-size 32"),
+    ({"node_order": [0, 1]}, "--tensor-model-parallel-size 2"),  # the written order: launch order
+    ({"dp": 1, "tp": 1, "pp": 2, "stage_gpus": [4, 4], "micro_batch_size": 4},
+     "--micro-batch-size 1 --global-batch-size 32"),  # Aceso's pipeline micro-batch over dp 4
+])
+def test_megatron_flags_express_each_field(fields: dict, flag: str) -> None:
+    """Each plan field Megatron-LM runs appears as its flag (names checked against
+    Megatron-LM's arguments.py, see to_megatron_flags)."""
+    assert flag in _flags(**fields)
+
+
+def test_megatron_flags_leave_out_what_is_megatron_default() -> None:
+    """fp32 is Megatron-LM's default (no --fp16/--bf16), ZeRO 0 no distributed optimizer,
+    overlap_grad_reduce=False no --overlap-grad-reduce."""
+    flags = _flags(dtype="fp32", overlap_grad_reduce=False)
+    assert not {"--fp16", "--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                "--sequence-parallel", "--recompute"} & set(flags.split())
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"dp_batch_split": [12, 12, 4, 4]}, "plan.dp_batch_split=[12, 12, 4, 4]"),
+    ({"dp": 2, "tp": 1, "pp": 4, "schedule": "zb-h1"}, "plan.schedule='zb-h1'"),
+    ({"dp": 2, "tp": 1, "pp": 4, "schedule": "gpipe"}, "plan.schedule='gpipe'"),
+    ({"zero": 2}, "plan.zero=2"),
+    ({"zero": 3, "dtype": "bf16"}, "plan.zero=3"),
+    ({"tp_comm_overlap": True}, "plan.tp_comm_overlap without plan.sp"),
+    ({"dp": 2, "pp": 2, "node_order": [1, 0]}, "plan.node_order=[1, 0]"),
+    ({"dp": 2, "pp": 2, "placement": [1, 0]}, "plan.placement=[1, 0]"),
+    ({"freq_mhz": 1200.0}, "plan.freq_mhz"),
+    ({"dp": 2, "pp": 2, "stage_layers": [10, 14]}, "plan.stage_layers=[10, 14]"),
+    ({"dp": 2, "pp": 2, "stage_recompute": ["full", "none"]}, "plan.stage_recompute"),
+    ({"recompute": ["attn.qkv"]}, "plan.recompute=['attn.qkv']"),
+    ({"dp": 1, "tp": 1, "pp": 2, "stage_gpus": [2, 6], "micro_batch_size": 6,
+      "global_batch": 36}, "plan.stage_gpus=[2, 6]"),
+])
+def test_megatron_flags_refuse_and_name_what_megatron_cannot_run(fields: dict,
+                                                                   named: str) -> None:
+    """No flags for a plan Megatron-LM cannot run as it is; the message names the field (the
+    old flags dropped dp_batch_split, zb-h1, ZeRO-3 and placement silently)."""
+    with pytest.raises(SpecError, match="uniform") as info:
+        _flags(**fields)
+    assert named in str(info.value)
+
+
+def test_megatron_flags_file_says_the_world_size() -> None:
+    """megatron_flags.txt: the GPUs to launch on (Megatron-LM's dp is world / (tp·pp·cp)),
+    then the flags; a plan it cannot run is one comment line."""
+    model = get_model("gpt3-350m")
+    plan = ParallelPlan.build(model, HETERO, dp=2, tp=2, pp=2, micro_batch_size=2,
+                              global_batch=32)
+    text = megatron_flags_file(plan, model)
+    comment, flags = text.splitlines()
+    assert "launch on 8 GPUs" in comment and "= 2" in comment
+    assert flags == to_megatron_flags(plan, model)
+    odd = ParallelPlan.build(model, HETERO, dp=2, tp=2, pp=2, micro_batch_size=2,
+                             dp_batch_split=(24, 8))
+    assert megatron_flags_file(odd, model).count("\n") == 1
+    assert megatron_flags_file(odd, model).startswith("# no Megatron-LM flags")
+
+
+@pytest.mark.slow
+def test_hetero_search_writes_no_flags_for_its_uneven_split(tmp_path) -> None:
+    """The bug hunt's case: the hetero best plan splits 32 samples [12, 12, 4, 4] over its
+    replicas; megatron_flags.txt described an even split (--micro-batch-size 4
+    --global-batch-size 32 on tp 2) and now names dp_batch_split instead."""
+    from trainsim.cli import main
+
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit) as info:
+        main(["search", "--method", "hetero", "--model", "gpt3-125m", "--cluster",
+              "1x4xA100-SXM4-40GB+1x4xA10", "--global-batch", "32", "--max-evals", "60",
+              "--top", "1", "--out", str(out)])
+    assert (info.value.code or 0) == 0
+    split = ParallelPlan.from_json((out / "best_plan.json").read_text()).dp_batch_split
+    assert split is not None and len(set(split)) > 1
+    text = (out / "megatron_flags.txt").read_text()
+    assert text.startswith("# no Megatron-LM flags") and "plan.dp_batch_split=" in text
+    assert "--micro-batch-size" not in text

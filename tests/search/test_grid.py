@@ -133,3 +133,18 @@ def test_pruning_is_off_for_the_energy_objective(oracle: Oracle) -> None:
     result = run_search(GridPlanner(micro_batch_sizes=(1, 2)), _spec(objective="energy"),
                         oracle=oracle)
     assert result.pruned == 0
+
+
+def test_degrees_the_batch_does_not_divide_over_are_reported(oracle: Oracle) -> None:
+    """Global batch 6 on 4 GPUs: dp=4 (tp 1, pp 1) was dropped without a trace; now one
+    infeasible record says it was skipped and why, and a given micro-batch size that does not
+    divide a replica's 3 samples (mbs 2 at dp 2) likewise."""
+    result = run_search(GridPlanner(micro_batch_sizes=(1, 2), recompute=("none",)),
+                        _spec(global_batch=6), oracle=oracle)
+    skipped = {r.note: r for r in result.log if "skipped" in r.note}
+    dp4 = skipped["grid dp=4 tp=1 pp=1 skipped: global batch 6 does not divide over dp=4"]
+    assert not dp4.fits and "not divisible" in (dp4.summary.error or "")
+    assert "grid dp=2 tp=1 pp=2 mbs=2 skipped: 3 samples per replica do not divide into " \
+           "micro-batches of 2" in skipped
+    assert all(not r.fits and r.summary.error for r in skipped.values())
+    assert {r.plan.dp for r in result.ranked if r.plan is not None} <= {1, 2}

@@ -92,6 +92,9 @@ def test_expansion_order_count_and_fields() -> None:
     ({"planners": [{"method": "gird"}]}, "planners[0]: unknown search method 'gird'"),
     ({"planners": [{"method": "grid", "time_budget_s": -1}]}, "planners[0]: time_budget_s"),
     ({"planners": [{"method": "grid"}]}, "knobs.recompute: with planners, the only knob"),
+    ({"planners": [{"method": "grid", "max_evals": 5}]},
+     "planners[0]: max_evals applies to hetero, fasop, uniform"),
+    ({"planners": [{"method": "hetero", "max_evals": 0}]}, "planners[0]: max_evals=0 must be"),
     ({"knobs": {"global_batch": list(range(1, 40_000))}}, f"at most {MAX_SCENARIOS:,}"),
 ])
 def test_spec_errors_name_the_key(change: dict[str, Any], words: str) -> None:
@@ -178,6 +181,26 @@ def test_planner_scenarios_record_the_best_plan(tmp_path: Path) -> None:
     assert json.loads(row["planner"])["method"] == "grid" and row["plan"] is None
     assert json.loads(row["resolved_plan"])["global_batch"] == 16
     assert row["error"] is None and row["tokens_per_s"] > 0
+
+
+def test_planner_scenarios_take_max_evals(tmp_path: Path) -> None:
+    """A hetero/fasop planner entry takes `max_evals` (refused before: "unknown planner option
+    'max_evals'"), passed to the planner as `sim search --max-evals` is: the row's plan is
+    api.search's best under the same count, whatever the machine's speed."""
+    from trainsim import api
+
+    cluster = "1x4xA100-SXM4-40GB+1x4xA10"
+    spec = load_spec({"models": ["gpt3-125m"], "clusters": [cluster],
+                      "planners": [{"method": "hetero", "max_evals": 6,
+                                    "time_budget_s": 600}],
+                      "knobs": {"global_batch": [32]}})
+    (row,) = table_rows(read_table(run_sweep(spec, tmp_path / "e.parquet", workers=1).path))
+    assert json.loads(row["planner"])["max_evals"] == 6 and row["error"] is None
+    best = api.search("gpt3-125m", cluster, global_batch=32, method="hetero", max_evals=6,
+                      time_budget_s=600, top=1).best
+    assert best is not None and best.plan is not None
+    assert json.loads(row["resolved_plan"]) == json.loads(best.plan.to_json())
+    assert best.summary.tokens_per_s == pytest.approx(row["tokens_per_s"])
 
 
 def test_a_table_in_a_missing_folder_gets_the_folder(tmp_path: Path) -> None:
