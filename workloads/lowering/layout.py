@@ -201,6 +201,7 @@ class LoweringLayout:
             self.represents = [(r,) for r in range(cluster.num_gpus)]
         self.rank_stage = {r: s for s, ranks in enumerate(self.stage_gpu_ranks) for r in ranks}
         self.schedule_groups = self._schedule_groups()
+        self._check_instruction_clocks()
 
     def _check_stage_clocks(self) -> None:
         """Each per-stage and per-instruction clock within the SM clock range of every GPU type
@@ -225,6 +226,25 @@ class LoweringLayout:
                 if not lo <= f <= hi:
                     raise PlanError(f"{field}={f:g} MHz is outside {gpu.name}'s SM clock range "
                                     f"{lo:g}–{hi:g} MHz (stage {phys} runs on {gpu.name})")
+
+    def _check_instruction_clocks(self) -> None:
+        """Every per-instruction clock names an instruction this plan runs: a frequency plan
+        made for another schedule or shape (a 1F1B frontier plan's "1B2" under ZB-H1, whose
+        backward is "1I2" and "1W2"; a stage or micro-batch the plan lacks) would otherwise
+        apply in part or not at all, silently (the bug hunt: a zb-h1 run of a frontier plan
+        clocked its forwards only, 49.96 J against the 1F1B plan's 46.93 J)."""
+        plan = self.plan
+        if not plan.instruction_freq_mhz:
+            return
+        names = {str(a) for g in self.schedule_groups for acts in g.order.values()
+                 for a in acts}
+        for key, _ in plan.instruction_freq_mhz:
+            if key not in names:
+                raise PlanError(
+                    f"plan.instruction_freq_mhz[{key!r}] names no instruction of this plan's "
+                    f"{plan.schedule} schedule ({len(names)} instructions, e.g. "
+                    f"{', '.join(sorted(names)[:4])}): a frequency plan made for another "
+                    f"schedule, stage count or micro-batch count does not apply")
 
     def _micro_batch_list(self) -> tuple[MicroBatch, ...]:
         """`plan.micro_batch_list`, shared between lowerings when uniform (the same frozen
