@@ -1,6 +1,7 @@
-"""Per-instruction clocks must name instructions the plan runs (layout._check_instruction_clocks):
-a key for another schedule, stage or micro-batch was silently ignored (the bug hunt: a 1F1B
-frontier plan run under ZB-H1 clocked its forwards only)."""
+"""GPU clocks in plans: per-instruction clocks must name instructions the plan runs
+(layout._check_instruction_clocks), and a locked clock holds for every kernel. A key for another
+schedule, stage or micro-batch was silently ignored (the bug hunt: a 1F1B frontier plan run
+under ZB-H1 clocked its forwards only)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,16 @@ def test_clocks_for_every_instruction_apply_to_every_instruction() -> None:
     tasks = result.tasks
     backward = tasks[(tasks.stream == "compute") & (tasks.kind == "backward")]
     assert len(backward) and set(backward.freq_mhz) == {810.0}
+
+
+def test_a_locked_clock_holds_for_the_optimizer_step() -> None:
+    """`freq_mhz` / `stage_freq_mhz` lock the GPU's clock, so the optimizer step runs at it
+    too (it ran at the maximum: V100 at 135 MHz, optimizer at 1530 MHz, the bug hunt);
+    per-instruction clocks (Perseus's) leave it at the default maximum."""
+    hw = api.load_cluster("1x2xA100-SXM4-80GB")
+    for fields, want in ((dict(BASE, freq_mhz=1005.0), {1005.0}),
+                         (dict(BASE, stage_freq_mhz=(1005.0, 1200.0)), {1005.0, 1200.0}),
+                         (dict(BASE, instruction_freq_mhz={"0F0": 1005.0}),
+                          {hw.gpu(0).sm_clock_max_mhz})):
+        tasks = api.simulate("gpt3-125m", hw, fields).tasks
+        assert set(tasks[tasks.kind == "optimizer"].freq_mhz) == want

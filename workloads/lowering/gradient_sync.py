@@ -379,14 +379,17 @@ class GradientSync:
             params = layout.local_params(phys_stage)
             updated = params / plan.dp_of_stage(phys_stage) if plan.zero >= 1 else params
             gpu = layout.cluster.gpu(layout.represents[p][0])
+            # a clock locked for the GPU (plan-wide or per stage) holds for the step too;
+            # per-instruction clocks (Perseus) leave it at the default, the maximum
+            freq = plan.frequency_of(phys_stage, None)
             est = layout.cost_model.estimate("elementwise", ADAM_STEP_FLOPS_PER_PARAM * updated,
-                                             ADAM_STEP_BYTES_PER_PARAM * updated, gpu, None,
+                                             ADAM_STEP_BYTES_PER_PARAM * updated, gpu, freq,
                                              "fp32", None)
             deps = sorted(set(self.dp_tail.get(p, [])))
             if p in last_compute:
                 deps.append(last_compute[p])
             step[p] = b.add(name, -1, kind, self.compute_stream, (p,), est.time_s, 0.0, (), deps,
-                            0.0, 0.0, est.power_w, gpu.sm_clock_max_mhz, *NO_META)
+                            0.0, 0.0, est.power_w, freq or gpu.sm_clock_max_mhz, *NO_META)
         if plan.zero not in (1, 2) or not self.opt.communication:
             return
         w_bytes = optimizer_bytes_per_param(plan.dtype)[0]
