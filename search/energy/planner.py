@@ -89,6 +89,8 @@ def check_inputs(*, profile: Path | None, microbatches: int | None, model_given:
                         "--cluster and plan flags")
     if microbatches is None:
         raise SpecError("--microbatches is required")
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise SpecError(f"--microbatches {microbatches!r} must be an integer >= 1")
     if profile is None and not cluster_given:
         raise SpecError("--model needs --cluster")
     return microbatches

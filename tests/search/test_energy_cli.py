@@ -266,3 +266,15 @@ def test_default_quantum_resolves_the_shortest_instruction() -> None:
     assert default_unit_s(0.1) == DEFAULT_UNIT_S  # Perseus's profiles: 45-115 ms stages
     assert default_unit_s(0.004) == pytest.approx(0.0002)
     assert default_unit_s(0.0) == DEFAULT_UNIT_S
+
+
+@pytest.mark.parametrize("mode", [["--model", "gpt3-125m", "--cluster", "4xA100-SXM4-80GB"],
+                                  ["--profile", "{csv}", "--blocking-power-w", "10"]])
+def test_zero_microbatches_names_the_flag(tmp_path, mode: list[str]) -> None:
+    """The error names --microbatches, not the plan field behind it (bug hunt 4)."""
+    path = tmp_path / "p.csv"
+    path.write_text(CSV)
+    args = [a.replace("{csv}", str(path)) for a in mode]
+    res = CliRunner().invoke(app, ["frontier", *args, "--microbatches", "0"])
+    assert res.exit_code == 2
+    assert "--microbatches 0 must be an integer >= 1" in res.output
