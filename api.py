@@ -752,7 +752,7 @@ def energy_dag(*, microbatches: int | None, profile: str | Path | None = None,
 def energy_unit_s(dag: Any, unit_s: float | None) -> float:
     """The crashing quantum: `unit_s`, or by default Lowtime's 1 ms shrunk to 5 % of the
     shortest instruction (search/energy/point.py, `default_unit_s`)."""
-    from trainsim.search.energy.point import default_unit_s
+    from trainsim.search.energy.point import default_unit_s  # deferred: start-up time (numba)
     return default_unit_s(dag.shortest_s()) if unit_s is None else unit_s
 
 

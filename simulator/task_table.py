@@ -308,7 +308,7 @@ def use_compiled_kernels() -> None:
     and not undone: after an Oracle, a single `simulate` compiles them too (once per machine;
     numba caches them on disk). The kernels are loaded now (`csr_numba.load_kernels`), once
     per process, rather than by the first program past the threshold."""
-    from trainsim.simulator.csr_numba import load_kernels  # deferred: numba start-up
+    from trainsim.simulator.csr_numba import load_kernels  # deferred: start-up time (numba)
 
     _THRESHOLD[0] = COMPILED_FOR_MANY
     load_kernels()
