@@ -78,6 +78,10 @@ class InstructionCosts:
         its W under a split backward: the recomputed inputs W reads, at least the one-layer
         working set (a layer's recomputation, the loss's gradient buffers)."""
         return max(self.recompute_sum_bytes, self.recompute_activation_bytes)
+    expert_params: int = 0
+    """Of `params`, those of expert-sharded ops (MoE experts, 1/ep of them per GPU): their
+    gradients are reduced, and ZeRO shards them, over the expert-data-parallel group
+    (`LoweringLayout.expert_dp_groups`), not the data-parallel group."""
     params_by_tp: tuple[tuple[int, int], ...] = ()
     """Empty for a stage with one tensor-parallel degree; with per-op degrees, (t, parameters
     per GPU of the ops at degree t), ascending t, summing to `params`: their gradients are

@@ -84,7 +84,8 @@ def instruction_costs(layers: Sequence[Layer], *, tp: int, sp: bool, ep: int,
         recompute_comm=tuple(total.comm["rec"]), fwd_ep_comm=tuple(total.comm["fwd_ep"]),
         bwd_ep_comm=tuple(total.comm["bwd_ep"]), recompute_ep_comm=tuple(total.comm["rec_ep"]),
         kept_activation_bytes=total.kept, recompute_activation_bytes=total.extra,
-        output_bytes=out_bytes, params=total.params, recompute_sum_bytes=total.recomputed)
+        output_bytes=out_bytes, params=total.params, expert_params=total.expert_params,
+        recompute_sum_bytes=total.recomputed)
 
 
 @dataclass(slots=True)
@@ -104,6 +105,7 @@ class _LayerSum:
     """The recomputed activations a deferred weight-gradient pass reads, summed over layers
     (`op_work.weight_inputs`)."""
     params: int = 0
+    expert_params: int = 0
 
     def add(self, other: _LayerSum) -> None:
         self.fwd, self.bwd, self.bwd_in = self.fwd + other.fwd, self.bwd + other.bwd, \
@@ -117,6 +119,7 @@ class _LayerSum:
         self.extra = max(self.extra, other.extra)
         self.recomputed += other.recomputed
         self.params += other.params
+        self.expert_params += other.expert_params
 
 
 _OpWork = tuple[Any, tuple[Work, Work, Work, Work], str, list[CommNeed], list[CommNeed]]
@@ -186,6 +189,7 @@ def _layer_costs(layer: Layer, *, tp: int, sp: bool, ep: int, recompute: str | t
     extra = max(extra, layer.backward_workspace(tp))
     out.kept, out.extra = kept, extra
     out.params = sum(op.params for op in ops)
+    out.expert_params = sum(w[0].params for w in works if w[2] == "_ep")
     return out
 
 

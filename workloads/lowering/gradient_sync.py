@@ -88,13 +88,15 @@ class GradientSync:
         allocating at the gather would hold two passes' buffers (about four layers) through
         every pass, where FSDP holds the layer computing and the one prefetched.
         """
-        if self.keeps_gathered():
+        if self.keeps_gathered() or c.params <= 0:
             return 0.0
-        dp = self.plan.dp_of_stage(phys)
         weight_bytes = optimizer_bytes_per_param(self.plan.dtype)[0]
         stage_bytes = c.params * weight_bytes
         layer_bytes = self.layout.largest_layer_params(phys) * weight_bytes
-        return min(stage_bytes, 2 * layer_bytes) * (dp - 1) / dp
+        # the share gathered from other ranks: (n-1)/n of each group's parameters (dense over
+        # dp, experts over the expert-data-parallel group: `param_groups`)
+        share = sum(p * (len(g[0]) - 1) / len(g[0]) for g, p in self.param_groups(phys, c))
+        return min(stage_bytes, 2 * layer_bytes) * share / c.params
 
     def zero3_gather(self, a: Action, phys: int, c: InstructionCosts, meta: Meta,
                      history: dict[tuple[int, int], list[int]]
@@ -113,37 +115,55 @@ class GradientSync:
         with it that pass: the exposed part of the gathers is what the frameworks expose.
         `history` holds each (stage, unit)'s compute tasks so far."""
         plan, layout = self.plan, self.layout
-        if plan.zero < 3 or a.kind == "W" or plan.dp_of_stage(phys) < 2 \
-                or not self.opt.communication:
+        sharded = self.grad_groups(phys, c) if not c.params_by_tp else \
+            ([(layout.dp_groups(phys), c.params)] if plan.dp_of_stage(phys) > 1 else [])
+        if plan.zero < 3 or a.kind == "W" or not sharded or not self.opt.communication:
             return None
         if self.keeps_gathered():
             if a.kind != "F" or a.stage in self._gathered:
                 return None  # gathered once per step, by each (virtual) stage's first forward
             self._gathered.add(a.stage)
         weight_bytes = optimizer_bytes_per_param(plan.dtype)[0]
-        size = c.params * weight_bytes
+        (groups, params), *others = sharded
+        size = params * weight_bytes
         head = min(size, layout.largest_layer_params(phys) * weight_bytes)
         prefetch = {u: history.get((phys, u), [])[-2:-1]
                     for u in range(len(layout.units(phys)))}
         b = self.b
-        common: dict[str, Any] = {"kind": b.kind("all_gather"), "stream": b.stream("dp"), "meta": meta,
-                      "key": ("dp", phys)}
-        first = cross_unit(self.comm, layout, phys, layout.dp_groups(phys),
-                           [("all_gather", head)],
+        common: dict[str, Any] = {"kind": b.kind("all_gather"), "stream": b.stream("dp"),
+                                  "meta": meta}
+        key = "dp" if groups is layout.dp_groups(phys) else "edp"
+        first = cross_unit(self.comm, layout, phys, groups, [("all_gather", head)],
                            name=b.name_template(f"s{a.stage}.{a.stage}{a.kind}%d.gather"),
-                           arg=a.micro_batch, last=prefetch, **common)
-        if size - head <= 0:
+                           arg=a.micro_batch, last=prefetch, key=(key, phys), **common)
+        rest = first
+        if size - head > 0:
+            rest = cross_unit(self.comm, layout, phys, groups, [("all_gather", size - head)],
+                              name=b.name_template(f"s{a.stage}.{a.stage}{a.kind}%d.gather.rest"),
+                              arg=a.micro_batch, last=first, key=(key, phys), **common)
+        for groups, params in others:  # the experts, over their expert-data-parallel groups
+            rest = cross_unit(self.comm, layout, phys, groups,
+                              [("all_gather", params * weight_bytes)],
+                              name=b.name_template(
+                                  f"s{a.stage}.{a.stage}{a.kind}%d.gather.experts"),
+                              arg=a.micro_batch, last=rest, key=("edp", phys), **common)
+        if rest is first:
             return first, {u: [] for u in first}
-        rest = cross_unit(self.comm, layout, phys, layout.dp_groups(phys),
-                          [("all_gather", size - head)],
-                          name=b.name_template(f"s{a.stage}.{a.stage}{a.kind}%d.gather.rest"),
-                          arg=a.micro_batch, last=first, **common)
         return first, rest
+
+    def _dense_params(self, phys: int) -> float:
+        """Parameters per GPU of stage `phys` that are sharded over the dp group: all but the
+        experts under ep > 1 (`param_groups`)."""
+        layout = self.layout
+        expert = layout.local_expert_params(phys) if self.plan.ep > 1 else 0.0
+        return layout.local_params(phys) - expert
 
     def param_bucket_bytes(self, phys: int) -> float:
         """Bytes of the first parameter bucket an overlapped ZeRO-1/2 all-gather exposes after
-        the optimizer step (`PARAM_BUCKET_PARAMS`), never more than the stage's."""
-        size = self.layout.local_params(phys) * optimizer_bytes_per_param(self.plan.dtype)[0]
+        the optimizer step (`PARAM_BUCKET_PARAMS`), never more than the stage's dense
+        parameters (the experts' gathers, over their own groups, all run behind the
+        forward: `overlapped_param_gather`)."""
+        size = self._dense_params(phys) * optimizer_bytes_per_param(self.plan.dtype)[0]
         bucket = max(PARAM_BUCKET_PARAMS, PARAM_BUCKET_PARAMS_PER_RANK * self.plan.dp_of_stage(phys))
         return min(size, bucket * optimizer_bytes_per_param(self.plan.dtype)[0])
 
@@ -166,23 +186,32 @@ class GradientSync:
         difference, as on the real system (it saw only the first bucket before). Returns what
         the successors wait for per unit, or None (not this pass, or nothing to gather)."""
         plan, layout = self.plan, self.layout
+        sharded = self.grad_groups(phys, c) if not c.params_by_tp else \
+            ([(layout.dp_groups(phys), c.params)] if plan.dp_of_stage(phys) > 1 else [])
         if plan.zero not in (1, 2) or not plan.overlap_param_gather or a.kind != "F" \
-                or plan.dp_of_stage(phys) < 2 or not self.opt.communication \
+                or not sharded or not self.opt.communication \
                 or a.stage in self._gathered:
             return None
         self._gathered.add(a.stage)
-        size = c.params * optimizer_bytes_per_param(plan.dtype)[0]
+        w_bytes = optimizer_bytes_per_param(plan.dtype)[0]
         first = min(v for v in range(plan.num_stages) if layout.phys_stage(v) == phys)
-        if a.stage == first:  # its first bucket was gathered right after the step
-            size -= self.param_bucket_bytes(phys)
-        if size <= 0:
-            return None
         b = self.b
-        return cross_unit(self.comm, layout, phys, layout.dp_groups(phys), [("all_gather", size)],
-                          name=b.name_template(f"s{a.stage}.params.all_gather.rest"),
-                          arg=-1, kind=b.kind("all_gather"), stream=b.stream("dp"),
-                          last={u: [] for u in range(len(layout.units(phys)))}, meta=meta,
-                          key=("dp", phys))
+        last: dict[int, list[int]] = {u: [] for u in range(len(layout.units(phys)))}
+        out = None
+        for groups, params in sharded:
+            size = params * w_bytes
+            dense = groups is layout.dp_groups(phys)
+            if dense and a.stage == first:  # its first bucket was gathered right after the step
+                size -= self.param_bucket_bytes(phys)
+            if size <= 0:
+                continue
+            out = last = cross_unit(
+                self.comm, layout, phys, groups, [("all_gather", size)],
+                name=b.name_template(f"s{a.stage}.params.all_gather.rest" if dense
+                                     else f"s{a.stage}.params.all_gather.experts"),
+                arg=-1, kind=b.kind("all_gather"), stream=b.stream("dp"), last=last, meta=meta,
+                key=("dp" if dense else "edp", phys))
+        return out
 
     def buckets(self, c: InstructionCosts) -> int:
         """Gradient buckets of a stage (bucket size from the options, 1..16); one, reduced
@@ -215,13 +244,16 @@ class GradientSync:
         meta = (-1, k, -1, -1)
         fold = self.layout.fold
         traffic = self.layout.model.grad_copy_traffic
-        back = (traffic - 2.0) / (self.plan.dp_of_stage(phys) if self.plan.zero >= 1 else 1)
-        # (bucket suffix, program ranks, dp copies, gradient bytes, ready task per rank)
-        calls: list[tuple[str, tuple[int, ...], list[tuple[int, ...]], float, list[int]]] = []
+        # (bucket suffix, program ranks, dp copies, gradient bytes, copy-out share, ready task
+        # per rank)
+        calls: list[tuple[str, tuple[int, ...], list[tuple[int, ...]], float, float,
+                          list[int]]] = []
         for bucket in range(n):
             suffix = "" if n == 1 else f".b{bucket}"
             for copies, params in self.grad_groups(phys, c):
                 grad_bytes = params * per_param / n
+                # the copy-out covers the rank's 1/n shard of a reduce-scatter over n ranks
+                back = (traffic - 2.0) / (len(copies[0]) if self.plan.zero >= 1 else 1)
                 groups = ([(self.layout.stage_prog_ranks(phys), copies)] if fold
                           else [(g, [g]) for g in copies])
                 for prog, cps in groups:
@@ -231,13 +263,13 @@ class GradientSync:
                             prog, f"s{k}.dp{suffix}.copy_in", GRAD_COPY_STREAMS[0], ready,
                             min(traffic, 2.0) * grad_bytes, meta,
                             alloc=grad_bytes if traffic > 2.0 else 0.0)
-                    calls.append((suffix, tuple(prog), cps, grad_bytes, ready))
+                    calls.append((suffix, tuple(prog), cps, grad_bytes, back, ready))
         reduced = [self.comm.tasks([(kind, grad_bytes)],
                                    name=b.name_template(f"s{k}.dp{suffix}"), arg=-1,
                                    kind=kind_code, stream=stream, prog_ranks=prog, copies=cps,
                                    deps=ready, meta=meta)
-                   for suffix, prog, cps, grad_bytes, ready in calls]
-        for (suffix, prog, _, grad_bytes, ready), ids in zip(calls, reduced):
+                   for suffix, prog, cps, grad_bytes, _, ready in calls]
+        for (suffix, prog, _, grad_bytes, back, ready), ids in zip(calls, reduced):
             # what the optimizer step waits for: the reduction (or, where it emitted nothing,
             # the copy-in), then the copy-out
             tails = [ids[-1:] or ([dep] if traffic > 0 else []) for dep in ready]
@@ -265,14 +297,38 @@ class GradientSync:
                              alloc, free, est.power_w, gpu.sm_clock_max_mhz, *meta))
         return out
 
+    def param_groups(self, phys: int, c: InstructionCosts
+                     ) -> list[tuple[list[tuple[int, ...]], float]]:
+        """(groups, parameters per GPU they replicate) of stage `phys`'s parameters: the dp
+        groups for all of them, or, under expert parallelism (ep > 1), the dp groups for the
+        dense parameters and the expert-data-parallel groups (`expert_dp_groups`: the ranks
+        holding the same experts) for the expert parameters (`InstructionCosts.expert_params`),
+        when there are some.
+        What the gradient reduction, ZeRO's sharding and its parameter gathers run over, as in
+        Megatron-Core, whose DistributedDataParallel puts `is_expert_parallel` parameters in
+        buffers and buckets of their own, reduced (and, under its distributed optimizer,
+        sharded and gathered) over the expert data-parallel group
+        (megatron/core/distributed/distributed_data_parallel.py: parameters with
+        `allreduce=False` go to `expert_parallel_params`, whose buffers are allocated with
+        `parallel_state.get_expert_data_parallel_group()`), and DeepSpeed-MoE, whose ZeRO
+        optimizer partitions MoE parameter groups over `groups._get_expert_data_parallel_group`
+        (`real_dp_process_group` in stage_1_and_2.py's `_configure_moe_settings`)."""
+        layout = self.layout
+        expert = c.expert_params if self.plan.ep > 1 else 0
+        out = [(layout.dp_groups(phys), float(c.params - expert))]
+        if expert > 0:
+            out.append((layout.expert_dp_groups(phys), float(expert)))
+        return out
+
     def grad_groups(self, phys: int, c: InstructionCosts
                     ) -> list[tuple[list[tuple[int, ...]], float]]:
-        """(data-parallel groups, parameters per GPU whose gradients they reduce): the stage's
-        dp groups for all its parameters, or, where ops have their own tp degrees
-        (`params_by_tp`), for each degree t its t groups `ranks[k::t]` (each op's replicas)."""
+        """(groups of more than one rank, parameters per GPU whose gradients they reduce):
+        `param_groups`, or, where ops have their own tp degrees (`params_by_tp`), for each
+        degree t its t groups `ranks[k::t]` (each op's replicas)."""
         by_tp = c.params_by_tp
         if not by_tp:
-            return [(self.layout.dp_groups(phys), c.params)]
+            return [(groups, params) for groups, params in self.param_groups(phys, c)
+                    if len(groups[0]) > 1]
         ranks = self.layout.stage_gpu_ranks[phys]
         return [([tuple(ranks[i::t]) for i in range(t)], params) for t, params in by_tp
                 if params > 0 and len(ranks) // t > 1]
@@ -377,7 +433,11 @@ class GradientSync:
         for p in range(layout.num_ranks):
             phys_stage = layout.phys_stage_of_prog(p)
             params = layout.local_params(phys_stage)
-            updated = params / plan.dp_of_stage(phys_stage) if plan.zero >= 1 else params
+            updated = params
+            if plan.zero >= 1:  # its shard: dense over dp, experts over their edp group
+                dense = self._dense_params(phys_stage)
+                updated = dense / plan.dp_of_stage(phys_stage) \
+                    + (params - dense) / layout.expert_dp(phys_stage)
             gpu = layout.cluster.gpu(layout.represents[p][0])
             # a clock locked for the GPU (plan-wide or per stage) holds for the step too;
             # per-instruction clocks (Perseus) leave it at the default, the maximum
@@ -396,15 +456,19 @@ class GradientSync:
         name, kind, stream = (b.name_template("params.all_gather"), b.kind("all_gather"),
                               b.stream("dp"))
         for s in range(plan.pp):
-            if plan.dp_of_stage(s) < 2:
-                continue
-            size = layout.local_params(s) * w_bytes
+            dense = self._dense_params(s)
+            # dense parameters over the dp groups, experts over their expert-data-parallel
+            # groups (`param_groups`)
+            parts = [(layout.dp_groups(s), dense * w_bytes),
+                     (layout.expert_dp_groups(s), (layout.local_params(s) - dense) * w_bytes)]
             if plan.overlap_param_gather:  # the rest: behind the forward (overlapped_param_gather)
-                size = self.param_bucket_bytes(s)
-            groups = layout.dp_groups(s)
-            calls = ([(layout.stage_prog_ranks(s), groups)] if layout.fold
-                     else [(g, [g]) for g in groups])
-            for prog, copies in calls:
-                self.comm.tasks([("all_gather", size)], name=name, arg=-1, kind=kind,
-                                stream=stream, prog_ranks=prog, copies=copies,
-                                deps=[step[r] for r in prog], meta=NO_META)
+                parts = [(layout.dp_groups(s), self.param_bucket_bytes(s))]
+            for groups, size in parts:
+                if len(groups[0]) < 2 or size <= 0:
+                    continue
+                calls = ([(layout.stage_prog_ranks(s), groups)] if layout.fold
+                         else [(g, [g]) for g in groups])
+                for prog, copies in calls:
+                    self.comm.tasks([("all_gather", size)], name=name, arg=-1, kind=kind,
+                                    stream=stream, prog_ranks=prog, copies=copies,
+                                    deps=[step[r] for r in prog], meta=NO_META)

@@ -172,6 +172,7 @@ class LoweringLayout:
         self._tp_groups: dict[int, list[tuple[int, ...]]] = {}
         self._dp_groups: dict[int, list[tuple[int, ...]]] = {}
         self._ep_groups: dict[int, list[tuple[int, ...]]] = {}
+        self._edp_groups: dict[int, list[tuple[int, ...]]] = {}
         self._units: dict[int, list[Unit]] = {}
         self._unit_of: dict[int, dict[int, int]] = {}
         self._boundary: dict[tuple[int, MbKey], float] = {}
@@ -642,6 +643,38 @@ class LoweringLayout:
             self._ep_groups[s] = found
         return found
 
+    def expert_dp_groups(self, s: int) -> list[tuple[int, ...]]:
+        """Physical expert-data-parallel groups of stage `s`: the ranks holding the same
+        experts, over which expert gradients are reduced and ZeRO shards expert states (and
+        gathers expert parameters). Under ep = 1 every rank of a tp index holds every expert,
+        so these are the dp groups. When ep divides the stage's dp degree (`ep_groups`:
+        DeepSpeed-MoE's layout, ep groups inside one tp index) rank i of each ep group of one
+        tp index holds the same experts: dp/ep ranks `g[i::ep]` of each dp group g (DeepSpeed's
+        `_create_expert_and_data_parallel`, expert data-parallel groups per model-parallel
+        rank). Otherwise (ep groups spanning tp ranks) position i of every ep group of the
+        stage: dp·tp/ep ranks, the size of Megatron-Core's expert data-parallel group with
+        expert-tp 1 (trainsim does not split experts over tp; megatron/core/parallel_state.py,
+        `initialize_model_parallel`: expert_data_parallel_size = world_size //
+        (expert_tensor_parallel_size · expert_model_parallel_size · pp); its
+        DistributedDataParallel reduces the expert parameters' buffers over that group and the
+        distributed optimizer shards them over it: `GradientSync.param_groups`)."""
+        found = self._edp_groups.get(s)
+        if found is None:
+            ep = self.plan.ep
+            if ep == 1:
+                found = self.dp_groups(s)
+            elif self.plan.dp_of_stage(s) % ep == 0:
+                found = [g[i::ep] for g in self.dp_groups(s) for i in range(ep)]
+            else:
+                groups = self.ep_groups(s)
+                found = [tuple(g[i] for g in groups) for i in range(ep)]
+            self._edp_groups[s] = found
+        return found
+
+    def expert_dp(self, s: int) -> int:
+        """Size of stage `s`'s expert-data-parallel groups (`expert_dp_groups`)."""
+        return len(self.expert_dp_groups(s)[0])
+
     def units(self, s: int) -> list[Unit]:
         """(program ranks, physical tp group) per replica unit of stage `s`: the whole folded
         stage, or each tensor-parallel group when unfolded (the whole stage when its ops have
@@ -685,6 +718,12 @@ class LoweringLayout:
         """Parameters one GPU of physical stage `phys_stage` holds (all its virtual stages)."""
         key = self.mb_key(0)
         return float(sum(self.costs(k, key, None).params
+                         for k in self.stage_layers_idx(phys_stage)))
+
+    def local_expert_params(self, phys_stage: int) -> float:
+        """Of `local_params`, the expert parameters (`InstructionCosts.expert_params`)."""
+        key = self.mb_key(0)
+        return float(sum(self.costs(k, key, None).expert_params
                          for k in self.stage_layers_idx(phys_stage)))
 
     def stage_layers_idx(self, phys_stage: int) -> list[int]:

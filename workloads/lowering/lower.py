@@ -419,8 +419,7 @@ class _Lowering:
                     c = hit
                     sync_now = (last_bwd.get(a.stage) == (a.kind, a.micro_batch)
                                 and self.opt.communication
-                                and (bool(sync.grad_groups(phys, c))
-                                     if c.params_by_tp else plan.dp_of_stage(phys) > 1))
+                                and bool(sync.grad_groups(phys, c)))
                     per_bucket: list[dict[int, int]] = (
                         synced.setdefault(a.stage, [{} for _ in range(sync.buckets(c))])
                         if sync_now else [self._scratch])
@@ -1049,16 +1048,24 @@ class _Lowering:
         for p in range(layout.num_ranks):
             s = layout.phys_stage_of_prog(p)
             params = layout.local_params(s)
-            dp = plan.dp_of_stage(s)
-            per_param = (w / (dp if plan.zero >= 3 else 1) + g / (dp if plan.zero >= 2 else 1)
-                         + o / (dp if plan.zero >= 1 else 1))
-            if self.sync.keeps_gathered() and dp > 1:
-                # the gathered weights (the unsharded gradients they accumulate over several
-                # micro-batches are allocated at each stage's first backward:
-                # `_hold_unsharded_grads`)
-                per_param += w * (dp - 1) / dp
+            # ZeRO shards the dense parameters' states over dp and the experts' over their
+            # expert-data-parallel group (the ranks holding the same experts, dp/ep of them
+            # for tp = 1: `LoweringLayout.expert_dp_groups`), as Megatron-Core's distributed
+            # optimizer shards expert buffers over the expert data-parallel group
+            expert = layout.local_expert_params(s) if plan.ep > 1 else 0.0
+            total = 0.0
+            for n, part in ((plan.dp_of_stage(s), params - expert),
+                            (layout.expert_dp(s) if expert else 1, expert)):
+                per_param = (w / (n if plan.zero >= 3 else 1) + g / (n if plan.zero >= 2 else 1)
+                             + o / (n if plan.zero >= 1 else 1))
+                if self.sync.keeps_gathered() and n > 1:
+                    # the gathered weights (the unsharded gradients they accumulate over several
+                    # micro-batches are allocated at each stage's first backward:
+                    # `_hold_unsharded_grads`)
+                    per_param += w * (n - 1) / n
+                total += part * per_param
             gpu = cluster.gpu(layout.represents[p][0])
-            static.append(params * per_param)
+            static.append(total)
             capacity.append(float(gpu.memory_bytes))
             idle.append(float(cluster.idle_power_w(layout.represents[p][0])))
             gpu_names.append(gpu.name)
