@@ -149,3 +149,21 @@ def test_cpu_cluster_is_planned_per_group() -> None:
             tuple(plan_measured("all_reduce", g, 3e6, plain))
     load = comm.link_load([("all_reduce", 3e6)], [(0, 1), (2, 3)])
     assert load == {f"cpu.r{r}.{d}": 1 for r in range(4) for d in ("in", "out")}
+
+
+def test_copies_alike_reads_the_placement() -> None:
+    """`CommLowering.copies_alike` (which lets the folded lowering skip timing every pair):
+    pairs all within a node, or all between two nodes with one pair per NIC direction, are
+    alike; a mix of NVLink and cross-node pairs is not, nor are DGX-1 pairs on different GPUs
+    (the cube mesh wires GPU pairs with one or two NVLinks)."""
+    from trainsim.hwmodels.cluster import parse_cluster
+    from trainsim.simulator.task_table import TaskTableBuilder
+    from trainsim.workloads.lowering.comm import CommLowering
+
+    a100 = CommLowering(parse_cluster("2x8xA100-SXM4-80GB"), "auto", TaskTableBuilder())
+    assert a100.copies_alike([(0, 4), (1, 5), (2, 6), (3, 7)])
+    assert a100.copies_alike([(0, 8), (1, 9)])
+    assert not a100.copies_alike([(6, 10), (7, 11), (4, 8), (5, 9)][:2] + [(0, 4)])
+    assert not a100.copies_alike([(0, 8), (1, 9), (2, 3)])
+    v100 = CommLowering(parse_cluster("8xV100-SXM2-32GB"), "auto", TaskTableBuilder())
+    assert not v100.copies_alike([(0, 4), (1, 5)])

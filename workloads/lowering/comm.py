@@ -51,6 +51,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from trainsim.hwmodels.cluster import Cluster
 from trainsim.hwmodels.collectives import CollectiveModels, collective_models, link_class
 from trainsim.hwmodels.topology import Link, link_id_of, link_parts
@@ -107,6 +109,7 @@ class MemoTopology:
         self._min_bw: dict[tuple[str, ...], float] = {}
         """Slowest bandwidth per tuple of link ids (`alone_time_s`)."""
         self._sym: dict[int, bool] = {}
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._placement = cluster.placement()
         self.translatable = type(cluster).path is Cluster.path \
             and type(cluster).link is Cluster.link
@@ -196,11 +199,45 @@ class MemoTopology:
                 return None
         return node_group[node], tuple(rank_local[r] for r in ranks)
 
+    def placement_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(node of each rank, local index of each rank, node group of each node, whether each
+        node is wired alike) as numpy arrays, worked out once, for tests over many groups."""
+        found = self._arrays
+        if found is None:
+            rank_node, rank_local, node_group = self._placement
+            nodes = len(node_group)
+            found = self._arrays = (np.asarray(rank_node, np.int64),
+                                    np.asarray(rank_local, np.int64),
+                                    np.asarray(node_group, np.int64),
+                                    np.array([self._symmetric(n) for n in range(nodes)], bool))
+        return found
+
     def _symmetric(self, node: int) -> bool:
         found = self._sym.get(node)
         if found is None:
             found = self._sym[node] = self.cluster.node_symmetric(node)
         return found
+
+
+def _groups_alike(copies: Sequence[tuple[int, ...]], rank_node: np.ndarray,
+                  rank_local: np.ndarray, node_group: np.ndarray, symmetric: np.ndarray) -> bool:
+    """`CommLowering.copies_alike` on the placement arrays: every group, member by member, on
+    nodes of the same node groups, sharing nodes in the same pattern, at the same GPUs where a
+    node is not wired alike, each node carrying as many of the groups as every other's."""
+    if len({len(g) for g in copies}) != 1:
+        return False
+    ranks = np.asarray(copies, dtype=np.int64)  # groups x members
+    nodes = rank_node[ranks]
+    k = ranks.shape[1]
+    # which earlier member shares each member's node (its first such member)
+    pattern = np.argmax(nodes[:, :, None] == nodes[:, None, :], axis=2)
+    distinct = np.ones_like(nodes, dtype=bool)
+    for j in range(1, k):
+        distinct[:, j] = (nodes[:, :j] != nodes[:, j:j + 1]).all(axis=1)
+    load = np.bincount(nodes[distinct], minlength=len(node_group))
+    local = np.where(symmetric[nodes], -1, rank_local[ranks])
+    sig = np.concatenate([pattern, node_group[nodes], local, load[nodes]], axis=1)
+    return bool((sig == sig[0]).all())
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,9 +450,9 @@ class CommLowering:
         key = ("slowest", chain, copies)
         found = self._load_cache.get(key)
         if found is None:
-            topology = self.topology
-            rank_node = topology._placement[0]
-            alike = all(topology._symmetric(rank_node[r]) for g in copies for r in g)
+            rank_node, _, _, symmetric = self.topology.placement_arrays()
+            alike = bool(symmetric.all()) or bool(
+                symmetric[rank_node[np.fromiter((r for g in copies for r in g), np.int64)]].all())
             found = self._load_cache[key] = copies if alike \
                 else tuple(self.slowest_first(chain, copies))
         return found
@@ -431,21 +468,7 @@ class CommLowering:
         found = self._load_cache.get(key)
         if found is not None:
             return bool(found)
-        rank_node, rank_local, node_group = self.topology._placement
-        sym = self.topology._symmetric
-        load: Counter[int] = Counter(n for g in copies for n in {rank_node[r] for r in g})
-        first = None
-        found = True
-        for g in copies:
-            nodes = [rank_node[r] for r in g]
-            sig = (tuple(nodes.index(n) for n in nodes), tuple(node_group[n] for n in nodes),
-                   tuple(None if sym(n) else rank_local[r] for n, r in zip(nodes, g)),
-                   tuple(load[n] for n in nodes))
-            if first is None:
-                first = sig
-            elif sig != first:
-                found = False
-                break
+        found = _groups_alike(copies, *self.topology.placement_arrays())
         self._load_cache[key] = found
         return found
 
