@@ -488,6 +488,10 @@ class CommLowering:
         worst = max(range(len(copies)), key=times.__getitem__)
         return [copies[worst], *copies[:worst], *copies[worst + 1:]]
 
+    def _chain_phases(self, needs: Sequence[Need], group: tuple[int, ...]) -> list[CommPhase]:
+        """The phases of `needs` run one after another over `group` (sizes 0 skipped)."""
+        return [ph for k, size in needs if size > 0 for ph in self.phases(k, group, size)]
+
     def copy_times(self, needs: Sequence[Need], copies: Sequence[tuple[int, ...]]
                    ) -> list[float]:
         """How long `needs` take over each of the concurrent `copies`, on its own links shared
@@ -499,7 +503,7 @@ class CommLowering:
         def alone(group: tuple[int, ...]) -> float:
             if len(group) < 2:
                 return 0.0
-            phases = [ph for k, size in chain if size > 0 for ph in self.phases(k, group, size)]
+            phases = self._chain_phases(chain, group)
             total = 0.0
             for merged in merge_phases(phases):
                 total += merged.latency_s
@@ -553,8 +557,7 @@ class CommLowering:
         of its bandwidth, its users counted in copies on the physical link (program.py)."""
         out = []
         group = copies[0]
-        phases = [ph for k, size in needs if size > 0 for ph in self.phases(k, group, size)] \
-            if len(group) >= 2 else []
+        phases = self._chain_phases(needs, group) if len(group) >= 2 else []
         load = self._near_load(needs, copies) if len(copies) > 1 and phases else {}
         for merged in merge_phases(phases):
             links = []

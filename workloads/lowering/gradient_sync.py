@@ -115,9 +115,10 @@ class GradientSync:
         with it that pass: the exposed part of the gathers is what the frameworks expose.
         `history` holds each (stage, unit)'s compute tasks so far."""
         plan, layout = self.plan, self.layout
-        sharded = self.grad_groups(phys, c) if not c.params_by_tp else \
-            ([(layout.dp_groups(phys), c.params)] if plan.dp_of_stage(phys) > 1 else [])
-        if plan.zero < 3 or a.kind == "W" or not sharded or not self.opt.communication:
+        if plan.zero < 3 or a.kind == "W" or not self.opt.communication:
+            return None
+        sharded = self._sharded_groups(phys, c)
+        if not sharded:
             return None
         if self.keeps_gathered():
             if a.kind != "F" or a.stage in self._gathered:
@@ -150,6 +151,16 @@ class GradientSync:
         if rest is first:
             return first, {u: [] for u in first}
         return first, rest
+
+    def _sharded_groups(self, phys: int, c: InstructionCosts
+                        ) -> list[tuple[list[tuple[int, ...]], float]]:
+        """(groups, parameters per GPU) ZeRO shards and gathers stage `phys`'s parameters
+        over: `grad_groups`, or, with per-op tp degrees, the stage's dp groups for all of
+        them; empty where no group has two ranks."""
+        if not c.params_by_tp:
+            return self.grad_groups(phys, c)
+        layout = self.layout
+        return [(layout.dp_groups(phys), c.params)] if self.plan.dp_of_stage(phys) > 1 else []
 
     def _dense_params(self, phys: int) -> float:
         """Parameters per GPU of stage `phys` that are sharded over the dp group: all but the
@@ -186,13 +197,12 @@ class GradientSync:
         difference, as on the real system (it saw only the first bucket before). Returns what
         the successors wait for per unit, or None (not this pass, or nothing to gather)."""
         plan, layout = self.plan, self.layout
-        sharded = self.grad_groups(phys, c) if not c.params_by_tp else \
-            ([(layout.dp_groups(phys), c.params)] if plan.dp_of_stage(phys) > 1 else [])
-        if plan.zero not in (1, 2) or not plan.overlap_param_gather or a.kind != "F" \
-                or not sharded or not self.opt.communication \
-                or a.stage in self._gathered:
+        if not self.gathers_params_at(a):
             return None
-        self._gathered.add(a.stage)
+        self._gathered.add(a.stage)  # once per (virtual) stage, whatever it gathers
+        sharded = self._sharded_groups(phys, c)
+        if not sharded:
+            return None
         w_bytes = optimizer_bytes_per_param(plan.dtype)[0]
         first = min(v for v in range(plan.num_stages) if layout.phys_stage(v) == phys)
         b = self.b

@@ -984,7 +984,7 @@ class _Lowering:
             alike = cache.get(key)
             if alike is None:
                 alike = cache[key] = all(self.comm.copies_alike(pairs)
-                                         for pairs in self._boundary_pairs())
+                                         for pairs, _ in self._boundary_pairs())
             if alike:
                 self._slowest = frozenset()
                 return self._slowest
@@ -997,19 +997,12 @@ class _Lowering:
             return g
 
         hops = []
-        for k in range(plan.num_stages - 1):
-            a, z = layout.phys_stage(k), layout.phys_stage(k + 1)
-            size = layout.boundary_bytes(k, 0)
-            if a == z or size <= 0:
-                continue
-            for src_s, dst_s, nbytes in ((a, z, size),
-                                         (z, a, size * layout.replica_batch_ratio(z, a, 0))):
-                pairs, per_pair = layout.p2p_pairs(src_s, dst_s, nbytes, 0)
-                # pairs wired alike add one time to every chain: no need to time them
-                hops.append((pairs, [0.0] * len(pairs) if self.comm.copies_alike(pairs)
-                             else self.comm.copy_times([("p2p", per_pair)], pairs)))
-                for x, y in pairs:
-                    parent[root(x)] = root(y)
+        for pairs, per_pair in self._boundary_pairs():
+            # pairs wired alike add one time to every chain: no need to time them
+            hops.append((pairs, [0.0] * len(pairs) if self.comm.copies_alike(pairs)
+                         else self.comm.copy_times([("p2p", per_pair)], pairs)))
+            for x, y in pairs:
+                parent[root(x)] = root(y)
         total: dict[int, float] = {}
         for pairs, times in hops:
             worst: dict[int, float] = {}
@@ -1022,14 +1015,16 @@ class _Lowering:
         self._slowest = frozenset(g for g in parent if root(g) == slowest)
         return self._slowest
 
-    def _boundary_pairs(self) -> Iterator[list[tuple[int, int]]]:
-        """The GPU pairs of every stage boundary, forward then backward (first micro-batch)."""
+    def _boundary_pairs(self) -> Iterator[tuple[list[tuple[int, int]], float]]:
+        """(GPU pairs, bytes of each) of every stage boundary that moves data, forward then
+        backward, for the first micro-batch (`LoweringLayout.p2p_pairs`)."""
         layout = self.layout
         for k in range(self.plan.num_stages - 1):
             a, z = layout.phys_stage(k), layout.phys_stage(k + 1)
-            if a != z and layout.boundary_bytes(k, 0) > 0:
-                yield layout.p2p_pairs(a, z, 1.0, 0)[0]
-                yield layout.p2p_pairs(z, a, 1.0, 0)[0]
+            size = layout.boundary_bytes(k, 0)
+            if a != z and size > 0:
+                yield layout.p2p_pairs(a, z, size, 0)
+                yield layout.p2p_pairs(z, a, size * layout.replica_batch_ratio(z, a, 0), 0)
 
     def _pair_streams(self, src_s: int, dst_s: int, pairs: list[tuple[int, int]]
                       ) -> list[int]:
