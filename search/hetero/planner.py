@@ -69,7 +69,8 @@ class HeteroPlanner:
     refine_seeds: int = 3
     """`hetero`: plan shapes whose fastest plan seeds a climb (`_refine`)."""
     stats: dict[str, int | bool] = field(default_factory=dict)
-    """After `steps`: candidates, evaluated, pruned, complete, orders_complete."""
+    """After `steps`: candidates, evaluated, complete, orders_complete (what was pruned or left
+    by the budget is in the search's result: `SearchResult.pruned`, `.capped`)."""
 
     def __post_init__(self) -> None:
         self._blocks = 0
@@ -155,14 +156,13 @@ class HeteroPlanner:
         returned plans 2-4 that were not the next fastest). Skips count in `state.pruned`;
         candidates left when the time or `max_evals` runs out count in `state.capped`."""
         cands = self.candidates(state)
-        self.stats.update(candidates=len(cands), evaluated=0, pruned=0, complete=False)
+        self.stats.update(candidates=len(cands), evaluated=0, complete=False)
         bounded = state.spec.objective in ("throughput", "cost")  # both ∝ time here
         top_k = state.spec.top_k
         fastest: list[float] = []  # the top_k fastest fitting times, negated (a max-heap)
         kept: set[str] = set()
         for i, cand in enumerate(cands):
             if bounded and len(fastest) >= top_k and cand.bound_s >= -fastest[0]:
-                self.stats["pruned"] = int(self.stats["pruned"]) + 1
                 state.pruned += 1
                 continue
             if state.out_of_time() or int(self.stats["evaluated"]) >= self.max_evals:

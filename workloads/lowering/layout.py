@@ -215,7 +215,7 @@ class LoweringLayout:
                   for s, f in enumerate(plan.stage_freq_mhz or ())]
         for key, f in plan.instruction_freq_mhz:
             vstage = action_stage(key)
-            if vstage < plan.num_stages:  # a key for another stage count applies to none
+            if vstage < plan.num_stages:  # other keys: refused by _check_instruction_clocks
                 checks.append((f"plan.instruction_freq_mhz[{key!r}]", self.phys_stage(vstage), f))
         types: dict[int, list[GpuSpec]] = {}
         for field, phys, f in checks:
